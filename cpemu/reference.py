@@ -1,0 +1,202 @@
+"""The numpy reference backend: the executable specification of cpemu's numerics.
+
+Everything that decides an output bit is here, in integer arithmetic:
+
+* :func:`tfdpa` -- one T-FDPA step of an :class:`~cpemu.instruction.InstructionModel`
+  (MMA-Sim ``t_fdpa``; see :mod:`cpemu.instruction` for the published model);
+* :func:`chain` -- a sequence of steps over K, the accumulator fed back as ``c``;
+* :func:`accumulate` -- the GEMM schedule of a :class:`~cpemu.schedule.Plan`:
+  split-K slices, each a chain from zero (or, without fast accumulation, chains
+  of ``promotion`` steps added into an FP32 accumulator), and the FP32 reduction
+  of the slice partials;
+* :func:`epilogue` -- scales, bias and the output conversion.
+
+Integer representation: an FP8 product is ``P * 2**(E - fa - fb)`` with
+``P = m_a*m_b < 2**8`` and ``E = e_a + e_b``; truncating it to ``F`` fraction
+bits below ``2**e_max`` is the shift ``P >> (e_max - E + fa + fb - F)`` (a left
+shift when negative), exact in int32; the sum of the ``L + 1`` truncated terms
+is exact in int64 (|sum| < 2**35). No floating-point operation takes part in a
+step except exact scalings by powers of two.
+
+Memory: outputs are processed in blocks of at most ``BLOCK_ELEMS`` (output,
+product) pairs, so a 4096 x 4096 x 4096 product holds a few tens of MiB of
+temporaries at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import FP8Format
+from .instruction import InstructionModel
+
+__all__ = ["Operand", "decode", "tfdpa", "chain", "accumulate", "epilogue", "BLOCK_ELEMS"]
+
+#: Upper bound on block_M * block_N * L elements held by one step's temporaries
+#: (each temporary is int32 or int64: 2**21 elements -> 8-16 MiB).
+BLOCK_ELEMS = 1 << 21
+
+
+class Operand:
+    """Decoded FP8 operand, K along the last axis: sign, integer significand, exponent."""
+
+    __slots__ = ("sign", "m", "e", "nan", "inf", "frac_bits", "has_special")
+
+    def __init__(self, codes: np.ndarray, fmt: FP8Format):
+        sign, m, e, is_nan, is_inf = fmt.tables()
+        idx = np.asarray(codes, dtype=np.uint8)
+        self.sign = sign[idx]
+        self.m = m[idx]
+        self.e = e[idx]
+        self.nan = is_nan[idx]
+        self.inf = is_inf[idx]
+        self.frac_bits = fmt.frac_bits
+        self.has_special = bool(self.nan.any() or self.inf.any())
+
+    def rows(self, sl) -> "Operand":
+        out = Operand.__new__(Operand)
+        out.sign, out.m, out.e = self.sign[sl], self.m[sl], self.e[sl]
+        out.nan, out.inf = self.nan[sl], self.inf[sl]
+        out.frac_bits, out.has_special = self.frac_bits, self.has_special
+        return out
+
+
+def decode(codes: np.ndarray, fmt: FP8Format) -> Operand:
+    return Operand(codes, fmt)
+
+
+def _split_fp32(c: np.ndarray, e_zero: int):
+    """FP32 values -> (sign, 24-bit integer significand, exponent), value = sign*m*2**(e-23).
+
+    Subnormals keep e = -126 (MMA-Sim ``frexp_and_normalize``); zero takes ``e_zero``.
+    """
+    c64 = c.astype(np.float64)
+    mant, ex = np.frexp(np.abs(c64))  # |c| = mant * 2**ex, 0.5 <= mant < 1
+    e = (ex - 1).astype(np.int32)
+    sub = e < -126
+    e = np.where(sub, -126, e)
+    m = np.ldexp(np.abs(c64), 23 - e).astype(np.int64)  # exact: fits 24 bits
+    zero = m == 0
+    e = np.where(zero, e_zero, e)
+    sign = np.where(c64 < 0, -1, 1).astype(np.int64)
+    return sign, m, e
+
+
+def _round_sum(S: np.ndarray, scale_exp: np.ndarray, frac_bits: int) -> np.ndarray:
+    """Round the exact sum ``S * 2**scale_exp`` toward zero to ``frac_bits`` fraction
+    bits, with exponents floored at -126 (MMA-Sim ``ldexp_and_normalize``, RZ)."""
+    absS = np.abs(S)
+    _, bl = np.frexp(absS.astype(np.float64))  # bit length of |S| (exact below 2**53)
+    e_res = np.maximum(scale_exp + bl.astype(np.int32) - 1, -126)
+    drop = np.clip(e_res - frac_bits - scale_exp, 0, 62)
+    absS = (absS >> drop) << drop
+    val = np.ldexp(np.where(S < 0, -absS, absS).astype(np.float64), scale_exp)
+    return val.astype(np.float32) + np.float32(0.0)  # -0 -> +0
+
+
+def tfdpa(c: np.ndarray, a: Operand, b: Operand, model: InstructionModel) -> np.ndarray:
+    """One T-FDPA step for every output of a block.
+
+    ``c``: (Mb, Nb) float32 accumulators; ``a``: (Mb, Lk) operand; ``b``: (Nb, Lk)
+    operand (K last), ``Lk <= model.L``. Missing products of a short step are zero
+    products, which never change e_max or the sum. Returns (Mb, Nb) float32.
+    """
+    F = model.F
+    P = a.m[:, None, :] * b.m[None, :, :]  # int32, < 2**8
+    E = a.e[:, None, :] + b.e[None, :, :]
+    E = np.where(P == 0, model.e_zero, E)
+    cs, cm, ce = _split_fp32(c, model.e_zero)
+    e_max = np.maximum(E.max(axis=-1), ce)
+    r = e_max[..., None] - E + (a.frac_bits + b.frac_bits - F)
+    T = np.where(r >= 0, P >> np.clip(r, 0, 31), P << np.clip(-r, 0, 31))
+    T *= a.sign[:, None, :] * b.sign[None, :, :]
+    S = T.sum(axis=-1, dtype=np.int64)
+    rc = e_max - ce + (23 - F)
+    S += cs * np.where(rc >= 0, cm >> np.clip(rc, 0, 62), cm << np.clip(-rc, 0, 62))
+    out = _round_sum(S, e_max - F, model.result_fraction_bits)
+    if a.has_special or b.has_special or not np.isfinite(c).all():
+        out = _specials(out, c, a, b)
+    return out
+
+
+def _specials(out, c, a: Operand, b: Operand):
+    """IEEE semantics for NaN/Inf terms (MMA-Sim sums them in float64): any NaN,
+    inf*0, or infinities of both signs give NaN (0x7FFFFFFF); else +-inf."""
+    a_zero = (a.m == 0) & ~a.nan & ~a.inf
+    b_zero = (b.m == 0) & ~b.nan & ~b.inf
+    nan = (a.nan[:, None, :] | b.nan[None, :, :]
+           | (a.inf[:, None, :] & b_zero[None, :, :]) | (a_zero[:, None, :] & b.inf[None, :, :])).any(-1)
+    inf_p = a.inf[:, None, :] | b.inf[None, :, :]
+    psign = a.sign[:, None, :] * b.sign[None, :, :]
+    pos = (inf_p & (psign > 0)).any(-1) | (c == np.inf)
+    neg = (inf_p & (psign < 0)).any(-1) | (c == -np.inf)
+    nan |= np.isnan(c) | (pos & neg)
+    out = np.where(pos, np.float32(np.inf), out)
+    out = np.where(neg, np.float32(-np.inf), out)
+    out = np.where(nan, np.uint32(0x7FFFFFFF).view(np.float32), out)
+    return out.astype(np.float32)
+
+
+def chain(a: Operand, b: Operand, k0: int, k1: int, model: InstructionModel,
+          c: np.ndarray | None = None) -> np.ndarray:
+    """Steps over K elements [k0, k1) in ascending order, L at a time, from ``c`` (default 0)."""
+    if c is None:
+        c = np.zeros((a.m.shape[0], b.m.shape[0]), dtype=np.float32)
+    for k in range(k0, k1, model.L):
+        ke = min(k + model.L, k1)
+        c = tfdpa(c, a.rows((slice(None), slice(k, ke))), b.rows((slice(None), slice(k, ke))), model)
+    return c
+
+
+def accumulate(a: Operand, b: Operand, plan, model: InstructionModel) -> np.ndarray:
+    """The FP32 accumulator of the GEMM as ``plan`` (a :class:`cpemu.schedule.Plan`) schedules it.
+
+    Each slice [k0, k1) is accumulated from zero: with ``plan.promotion`` None as one
+    chain (fast accumulation), otherwise as chains of ``plan.promotion`` steps, each
+    from zero, added in order into an FP32 accumulator with round-to-nearest
+    (CUTLASS ``GmmaFP8Accumulation``, ``mma_promotion_interval``). The slice partials
+    are then added in slice order in FP32 round-to-nearest (split-K reduction).
+    """
+    partial = None
+    for k0, k1 in plan.slices:
+        if plan.promotion is None:
+            p = chain(a, b, k0, k1, model)
+        else:
+            step = plan.promotion * model.L
+            p = None
+            for s in range(k0, k1, step):
+                part = chain(a, b, s, min(s + step, k1), model)
+                p = part if p is None else (p + part)  # float32 + float32: IEEE RN
+        partial = p if partial is None else (partial + p)
+    return partial
+
+
+def block_rows(M: int, N: int, L: int) -> int:
+    return max(1, min(M, BLOCK_ELEMS // max(1, N * L)))
+
+
+def epilogue(acc: np.ndarray, scale_a, scale_b, bias, ep: dict) -> np.ndarray:
+    """Apply scales and bias to the FP32 accumulator, in FP32 round-to-nearest.
+
+    ``scale_a`` is a float32 scalar or (Mb, 1) column, ``scale_b`` a float32 scalar
+    or (1, Nb) row, ``bias`` None or a float32 (Nb,) row (bf16 values widened
+    exactly). ``ep`` is the profile's epilogue description: ``order`` is one of
+    ``"acc*(sa*sb)"``, ``"(acc*sa)*sb"``, ``"(acc*sb)*sa"``; bias is added after
+    the scaling with one FP32 round-to-nearest add.
+    """
+    acc = acc.astype(np.float32, copy=False)
+    sa = np.float32(scale_a) if np.ndim(scale_a) == 0 else scale_a.astype(np.float32)
+    sb = np.float32(scale_b) if np.ndim(scale_b) == 0 else scale_b.astype(np.float32)
+    order = ep["order"]
+    with np.errstate(over="ignore", invalid="ignore"):
+        if order == "acc*(sa*sb)":
+            y = acc * (sa * sb)
+        elif order == "(acc*sa)*sb":
+            y = (acc * sa) * sb
+        elif order == "(acc*sb)*sa":
+            y = (acc * sb) * sa
+        else:
+            raise ValueError(f"unknown epilogue order {order!r}")
+        if bias is not None:
+            y = y + bias.astype(np.float32)
+    return y.astype(np.float32, copy=False)
