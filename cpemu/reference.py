@@ -71,6 +71,7 @@ def _split_fp32(c: np.ndarray, e_zero: int):
     Subnormals keep e = -126 (MMA-Sim ``frexp_and_normalize``); zero takes ``e_zero``.
     """
     c64 = c.astype(np.float64)
+    c64 = np.where(np.isfinite(c64), c64, 0.0)  # NaN/Inf accumulators are handled by _specials
     mant, ex = np.frexp(np.abs(c64))  # |c| = mant * 2**ex, 0.5 <= mant < 1
     e = (ex - 1).astype(np.int32)
     sub = e < -126

@@ -1,0 +1,114 @@
+"""Profiles: a device + library + caller, as data (``cpemu/profiles/*.json``).
+
+A profile holds the instruction model, the GEMM schedule (promotion interval,
+split-K rule, reduction), the epilogue per scaling mode, the operand formats and
+output dtypes it covers, its provenance and how it was verified. Each file is
+validated against ``schemas/profile.schema.json`` when loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import jsonschema
+
+from .instruction import InstructionModel
+from .schedule import Plan, SplitKRule, slices_for
+
+__all__ = ["Profile", "profiles", "get_profile", "load_schema", "ProfileFeatureError"]
+
+DEFAULT_PROFILE = "hopper-h200-torch"
+
+
+class ProfileFeatureError(ValueError):
+    """The call needs a feature that the profile does not record."""
+
+
+def load_schema(name: str) -> dict:
+    """A JSON schema shipped with the package (``schemas/<name>.schema.json``)."""
+    return json.loads(resources.files("cpemu.schemas").joinpath(f"{name}.schema.json").read_text())
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    data: dict
+
+    @property
+    def instruction(self) -> InstructionModel:
+        return InstructionModel.from_json(self.data["instruction"])
+
+    @property
+    def status(self) -> str:
+        return self.data["verification"]["status"]
+
+    def mode(self, scaling: str) -> dict:
+        """The schedule + epilogue of a scaling mode ("tensorwise" or "rowwise")."""
+        m = self.data["modes"].get(scaling)
+        if m is None:
+            raise ProfileFeatureError(
+                f"profile {self.name!r} does not record {scaling} scaling "
+                f"(recorded modes: {sorted(self.data['modes'])})")
+        return m
+
+    def split_rule(self, scaling: str) -> SplitKRule:
+        sk = self.mode(scaling)["split_k"]
+        table = tuple(tuple(r) for r in sk.get("table", ()))
+        return SplitKRule(kind=sk["kind"], granularity=sk.get("granularity", 128), domain=sk.get("domain"),
+                          table=table, params=sk.get("params"))
+
+    def plan(self, M: int, N: int, K: int, fast_accum: bool, scaling: str = "tensorwise") -> Plan:
+        mode = self.mode(scaling)
+        rule = self.split_rule(scaling)
+        splits = rule.splits(M, N, K, fast_accum)
+        promo = None if fast_accum else int(mode["promotion_interval"])
+        return Plan(slices=slices_for(K, splits, rule.granularity), promotion=promo)
+
+    def check_features(self, a_format: str, b_format: str, out_dtype: str, scaling: str, bias_dtype: str | None):
+        pairs = [tuple(p) for p in self.data["formats"]]
+        if (a_format, b_format) not in pairs:
+            raise ProfileFeatureError(
+                f"profile {self.name!r} does not support operand formats a={a_format}, b={b_format} "
+                f"(supported pairs: {pairs})")
+        mode = self.mode(scaling)
+        if out_dtype not in mode["out_dtypes"]:
+            raise ProfileFeatureError(
+                f"profile {self.name!r} does not record out_dtype={out_dtype!r} with {scaling} scaling "
+                f"(recorded: {mode['out_dtypes']})")
+        if bias_dtype is not None:
+            allowed = mode["bias_dtypes"].get(out_dtype)
+            if allowed is None:
+                raise ProfileFeatureError(
+                    f"profile {self.name!r}: bias is not supported with out_dtype={out_dtype!r} and "
+                    f"{scaling} scaling")
+            if bias_dtype != allowed:
+                raise ProfileFeatureError(
+                    f"bias must have dtype {allowed} for out_dtype={out_dtype!r} "
+                    f"(profile {self.name!r}), got {bias_dtype}")
+
+
+@lru_cache(maxsize=None)
+def _load(name: str) -> Profile:
+    path = resources.files("cpemu.profiles").joinpath(f"{name}.json")
+    data = json.loads(path.read_text())
+    jsonschema.validate(data, load_schema("profile"))
+    if data["name"] != name:
+        raise ValueError(f"profile file {name}.json names itself {data['name']!r}")
+    return Profile(name, data)
+
+
+def profiles() -> list[str]:
+    """Names of the profiles shipped with cpemu."""
+    return sorted(p.name[:-5] for p in resources.files("cpemu.profiles").iterdir() if p.name.endswith(".json"))
+
+
+def get_profile(name: str | Profile = DEFAULT_PROFILE) -> Profile:
+    """Load and validate a shipped profile by name."""
+    if isinstance(name, Profile):
+        return name
+    if name not in profiles():
+        raise ValueError(f"profile: unknown profile {name!r}; available: {profiles()}")
+    return _load(name)

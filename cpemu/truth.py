@@ -1,0 +1,134 @@
+"""Truth recordings: GPU outputs with provenance, and checking the emulator against them.
+
+A truth folder holds ``manifest.json`` (validated by ``schemas/truth.schema.json``)
+and the ``.npz`` files it lists with their sha256. Each case records the
+:class:`~cpemu.cases.Case` parameters, the sha256 of the regenerated inputs, and
+the GPU's output bits (``stored: "bits"``, in the case's npz file under the case
+id) or torch's error when the call was rejected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import jsonschema
+import ml_dtypes
+import numpy as np
+
+from .api import gemm
+from .cases import Case, operands, sha256_arrays
+from .formats import FP8_FORMATS
+from .profile import load_schema
+
+__all__ = ["load_manifest", "check_case", "CaseResult", "file_sha256", "features_of"]
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_manifest(folder: str, verify_files: bool = True) -> dict:
+    """Load and validate ``folder/manifest.json``; check every listed file's sha256."""
+    with open(os.path.join(folder, "manifest.json")) as f:
+        man = json.load(f)
+    jsonschema.validate(man, load_schema("truth"))
+    if verify_files:
+        for name, digest in man["files"].items():
+            got = file_sha256(os.path.join(folder, name))
+            if got != digest:
+                raise ValueError(f"truth file {name}: sha256 {got} does not match the manifest's {digest}")
+    return man
+
+
+def features_of(rec: dict) -> list[str]:
+    """Feature labels of a recorded case, for per-feature counts."""
+    f = [f"out-{rec['out_dtype']}", "fast-accum" if rec["fast_accum"] else "promotion",
+         f"scale-{rec['scale']}", f"data-{rec['data']}", f"{rec['a_format']}x{rec['b_format']}"]
+    if rec["bias"]:
+        f.append("bias")
+    f += [t for t in rec.get("tags", []) if not t.startswith("evo2-")]
+    if rec.get("splits", 1) > 1:
+        f.append("split-k")
+    return f
+
+
+@dataclass
+class CaseResult:
+    case_id: str
+    status: str  # "match", "mismatch", "rejected-both", "error"
+    detail: str = ""
+    mismatches: int = 0
+
+
+def _inputs_for_gemm(case: Case):
+    raw = operands(case)
+    a, bt, sa, sb, bias = raw
+    fa, fb = FP8_FORMATS[case.a_format], FP8_FORMATS[case.b_format]
+    A = a.view(fa.np_dtype)
+    B = bt.view(fb.np_dtype).T  # (K, N) transposed view, like torch's column-major operand
+    if bias is not None:
+        bias = bias.view(np.float16 if case.out_dtype == "float16" else ml_dtypes.bfloat16)
+    sa = sa.reshape(()) if sa.size == 1 else sa
+    sb = sb.reshape(()) if sb.size == 1 else sb
+    return A, B, sa, sb, bias, raw
+
+
+def check_case(rec: dict, bits: np.ndarray | None, profile: str, backend: str = "auto",
+               max_report: int = 4) -> CaseResult:
+    """Recompute one recorded case with cpemu and compare bits with the recording."""
+    case = Case.from_json(rec)
+    A, B, sa, sb, bias, raw = _inputs_for_gemm(case)
+    digest = sha256_arrays(*raw)
+    if digest != rec["inputs_sha256"]:
+        return CaseResult(case.id, "error", "regenerated inputs differ from the recorded ones (sha256)")
+    try:
+        y = gemm(A, B, profile=profile, scale_a=sa, scale_b=sb, bias=bias, out_dtype=case.out_dtype,
+                 fast_accum=case.fast_accum, backend=backend)
+    except ValueError as e:
+        if "error" in rec:
+            return CaseResult(case.id, "rejected-both", f"torch: {rec['error'][:120]} | cpemu: {e}")
+        return CaseResult(case.id, "error", f"cpemu refused a call torch accepted: {e}")
+    if "error" in rec:
+        return CaseResult(case.id, "error", f"torch rejected the call, cpemu accepted it: {rec['error'][:200]}")
+    got = y.view(np.uint32 if y.dtype == np.float32 else np.uint16)
+    if bits is None:
+        ok = sha256_arrays(got) == rec["output_sha256"]
+        return CaseResult(case.id, "match" if ok else "mismatch", "" if ok else "output sha256 differs", int(not ok))
+    if got.shape != bits.shape:
+        return CaseResult(case.id, "mismatch", f"shape {got.shape} != recorded {bits.shape}", got.size)
+    bad = np.argwhere(got != bits)
+    if len(bad) == 0:
+        return CaseResult(case.id, "match")
+    w = 8 if got.dtype == np.uint32 else 4
+    lines = [f"[{i},{j}] gpu=0x{int(bits[i, j]):0{w}x} cpemu=0x{int(got[i, j]):0{w}x}" for i, j in bad[:max_report]]
+    return CaseResult(case.id, "mismatch", "; ".join(lines), len(bad))
+
+
+def verify_folder(folder: str, profile: str | None = None, backend: str = "auto", progress=None):
+    """Check every case of a truth folder; returns (results, per-feature Counter of (feature, status))."""
+    man = load_manifest(folder)
+    profile = profile or man["profile"]
+    results, counts = [], Counter()
+    cache: dict[str, np.lib.npyio.NpzFile] = {}
+    for rec in man["cases"]:
+        bits = None
+        if rec.get("stored") == "bits":
+            fname = rec["file"]
+            if fname not in cache:
+                cache[fname] = np.load(os.path.join(folder, fname))
+            bits = cache[fname][rec["id"]]
+        r = check_case(rec, bits, profile, backend)
+        results.append(r)
+        for feat in features_of(rec):
+            counts[(feat, r.status)] += 1
+        if progress:
+            progress(r)
+    return results, counts
