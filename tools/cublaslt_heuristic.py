@@ -851,7 +851,7 @@ LOG_LINE_RE = re.compile(r"\[cublasLt\]\[(?P<pid>\d+)\]\[(?P<kind>[A-Za-z]+)\]\[
 BRACKET_RE = re.compile(r"(\w+)=\[([^\]]*)\]")
 HEX_RE = re.compile(r"0[xX][0-9a-fA-F]+")
 MARK_COLS = 7777  # layouts of this width are position markers written by the child
-MARK_TORCH, MARK_QUERY = 1_000_000_000, 2_000_000_000
+MARK_TORCH, MARK_QUERY = 100_000_000, 200_000_000  # int32-safe row counts
 MARK_RE = re.compile(r"rows=(\d+) cols=%d\b" % MARK_COLS)
 
 

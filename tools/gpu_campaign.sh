@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Record everything cpemu learns from a GPU in one go: truth suites, torch's argument
+# checks, and cuBLASLt's heuristic choices (query + torch's own calls, logged).
+#   tools/gpu_campaign.sh OUTDIR [step ...]     steps: truth errors heur
+# Writes OUTDIR/campaign.tar.gz (all results) and OUTDIR/campaign.log.
+set -u
+OUTDIR=${1:?usage: gpu_campaign.sh OUTDIR [steps]}
+shift
+STEPS=${*:-truth errors heur}
+PY=${PYTHON:-python3}
+W=$(mktemp -d)
+LOG="$OUTDIR/campaign.log"
+mkdir -p "$OUTDIR" "$W/res"
+export PYTHONUNBUFFERED=1
+step() { echo "=== $* ($(date +%T))" | tee -a "$LOG"; "$@" >>"$LOG" 2>&1; echo "=== rc=$? ($(date +%T))" | tee -a "$LOG"; }
+nvidia-smi >>"$LOG" 2>&1
+for s in $STEPS; do
+  case $s in
+    truth)
+      step $PY tools/record_truth.py record --out "$W/res/truth" ;;
+    errors)
+      step $PY tools/record_truth.py probe-errors --out "$W/res/errors.json" ;;
+    heur)
+      $PY - > "$W/truth_shapes.json" <<'PYEOF'
+import json
+from cpemu.cases import SUITES, suite
+print(json.dumps(sorted({(c.M, c.N, c.K) for s in SUITES for c in suite(s)})))
+PYEOF
+      H="$PY tools/cublaslt_heuristic.py"
+      step $H selftest
+      step $H torch-log --grid smoke --scale-mode tensorwise --scale-mode rowwise --bias both --out "$W/res/torchlog_smoke.json"
+      step $H query --grid wide --out "$W/res/heur_wide.json"
+      step $H query --grid dense-splitk --out "$W/res/heur_dense.json"
+      step $H query --shapes-file "$W/truth_shapes.json" --out-dtype bfloat16 --out-dtype float16 --out-dtype float32 --bias both --scale-mode tensorwise --scale-mode rowwise --in-dtypes e4m3,e4m3 --in-dtypes e4m3,e5m2 --in-dtypes e5m2,e4m3 --out "$W/res/heur_truth.json"
+      step $H torch-log --shapes-file "$W/truth_shapes.json" --out-dtype bfloat16 --out-dtype float32 --bias both --scale-mode tensorwise --scale-mode rowwise --out "$W/res/torchlog_truth.json"
+      step $H torch-log --grid dense-splitk --every 7 --out "$W/res/torchlog_dense.json" ;;
+  esac
+done
+tar -C "$W/res" -czf "$OUTDIR/campaign.tar.gz" .
+ls -la "$OUTDIR" | tee -a "$LOG"
