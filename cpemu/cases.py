@@ -231,6 +231,20 @@ def suite(name: str) -> list[Case]:
                      tags=("splitk-probe", "scale")))
             add(Case(M, N, K, data="gauss40", seed=30 + i, out_dtype="bfloat16", bias=True,
                      tags=("splitk-probe", "bias")))
+    elif name == "splitk2":
+        # Held back from the derivation of the split-K rule: uneven slice counts (4, 5),
+        # large M, and K not a multiple of the 128-element K tile.
+        shapes = [(48, 512, 16384), (48, 1024, 16384), (48, 1920, 16384), (1536, 16, 16384), (3072, 16, 8192),
+                  (1, 12288, 16384), (1, 1920, 16384), (16, 4096, 16384), (1, 16, 14336), (80, 768, 16384),
+                  (16, 64, 8208), (1, 256, 12304), (64, 64, 10256), (7, 48, 14352)]
+        for i, (M, N, K) in enumerate(shapes):
+            for fast in (True, False):
+                add(Case(M, N, K, data="uniform", seed=70 + i, fast_accum=fast, out_dtype="float32",
+                         tags=("splitk-heldout",)))
+            add(Case(M, N, K, data="gauss40", seed=70 + i, out_dtype="bfloat16", scale="tensor",
+                     tags=("splitk-heldout", "scale")))
+            add(Case(M, N, K, data="loguniform", seed=70 + i, out_dtype="float32", scale="tensor",
+                     tags=("splitk-heldout", "scale")))
     elif name == "evo2":
         for j, (tag, (N, K)) in enumerate(EVO2_SHAPES.items()):
             add(Case(16, N, K, data="gauss40", seed=40 + j, out_dtype="bfloat16", scale="tensor",
@@ -241,4 +255,4 @@ def suite(name: str) -> list[Case]:
     return cases
 
 
-SUITES = ("core", "epilogue", "formats", "splitk", "evo2")
+SUITES = ("core", "epilogue", "formats", "splitk", "splitk2", "evo2")

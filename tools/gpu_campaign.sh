@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Record everything cpemu learns from a GPU in one go: truth suites, torch's argument
 # checks, and cuBLASLt's heuristic choices (query + torch's own calls, logged).
-#   tools/gpu_campaign.sh OUTDIR [step ...]     steps: truth errors heur
+#   tools/gpu_campaign.sh OUTDIR [step ...]     steps: truth truth2 errors heur splitk
 # Writes OUTDIR/campaign.tar.gz (all results) and OUTDIR/campaign.log.
 set -u
 OUTDIR=${1:?usage: gpu_campaign.sh OUTDIR [steps]}
@@ -20,6 +20,15 @@ for s in $STEPS; do
       step $PY tools/record_truth.py record --out "$W/res/truth" ;;
     errors)
       step $PY tools/record_truth.py probe-errors --out "$W/res/errors.json" ;;
+    truth2)
+      step $PY tools/record_truth.py record --suite splitk2 --out "$W/res/truth" ;;
+    splitk)
+      S="$PY tools/splitk_table.py record"
+      step $S --evo2 --combos evo2 --out "$W/res/splitk_evo2.json"
+      step $S --random 20000 --seed 1 --combos main --out "$W/res/splitk_heldout_main.json"
+      step $S --random 20000 --seed 2 --region split --combos main --out "$W/res/splitk_heldout_region.json"
+      step $S --random 3000 --seed 3 --combos all --out "$W/res/splitk_heldout_all.json"
+      step $S --grid wide --grid dense-splitk --combos all --out "$W/res/splitk_grid.json" ;;
     heur)
       $PY - > "$W/truth_shapes.json" <<'PYEOF'
 import json

@@ -1,0 +1,458 @@
+"""The ``cpemu`` command line: ``cpemu info``, ``cpemu gemm``, ``cpemu verify``.
+
+* ``cpemu info`` -- the shipped profiles (device, library, verification status,
+  instruction model, recorded scaling modes and output dtypes), the backends of this
+  build and the devices they could run on. ``--json`` for machine-readable output.
+* ``cpemu gemm`` -- one emulated ``torch._scaled_mm`` on operands from ``.npy`` files
+  or on a built-in Evo 2 projection shape (the default: ``--demo evo2-1b`` at M = 16);
+  prints the schedule, the sha256 of the output bytes and the speed.
+* ``cpemu verify TRUTH_DIR`` -- recompute every case of a GPU truth recording and
+  compare bits; exits non-zero on any mismatch or error.
+
+Errors of the emulator (``ValueError`` and its subclasses: bad arguments, a feature
+the profile does not record, a shape outside its recorded schedule) are reported as
+one ``Error: ...`` line, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+from collections import Counter
+
+import click
+import jsonschema
+import ml_dtypes
+import numpy as np
+
+from .api import BACKENDS, gemm as _gemm
+from .cases import EVO2_SHAPES, Case, operands
+from .formats import FP8_FORMATS, OUT_DTYPES
+from .profile import DEFAULT_PROFILE, Profile, get_profile, load_schema, profiles
+
+__all__ = ["main"]
+
+STATUSES = ("match", "mismatch", "rejected-both", "error")
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, jsonschema.ValidationError):
+        path = "/".join(str(p) for p in e.absolute_path)
+        msg = f"schema validation failed at '{path}': {e.message}"
+    else:
+        msg = str(e) or type(e).__name__
+    return " ".join(msg.split())
+
+
+@contextlib.contextmanager
+def _clean_errors():
+    """Turn the emulator's errors into click's one-line ``Error: ...``."""
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except (ValueError, jsonschema.ValidationError, OSError) as e:
+        raise click.ClickException(_one_line(e)) from e
+
+
+def _resolve_profile(spec: str | None) -> Profile:
+    """A shipped profile by name, or a profile JSON file (validated against the schema)."""
+    if spec is None:
+        spec = DEFAULT_PROFILE
+    if spec.endswith(".json") or os.sep in spec:
+        with open(spec) as f:
+            data = json.load(f)
+        jsonschema.validate(data, load_schema("profile"))
+        return Profile(data["name"], data)
+    return get_profile(spec)
+
+
+def _cuda_status() -> dict:
+    """cupy and the CUDA devices it sees (never raises)."""
+    st = {"cupy": None, "devices": [], "reason": None}
+    try:
+        cupy = importlib.import_module("cupy")
+    except ImportError:
+        st["reason"] = "cupy is not installed (pip install 'cpemu[cuda12]' or 'cpemu[cuda13]')"
+        return st
+    except Exception as e:  # a broken install
+        st["reason"] = f"cupy failed to import: {_one_line(e)}"
+        return st
+    try:
+        st["cupy"] = getattr(cupy, "__version__", "?")
+        n = int(cupy.cuda.runtime.getDeviceCount())
+        for i in range(n):
+            p = cupy.cuda.runtime.getDeviceProperties(i)
+            name = p.get("name", b"?")
+            st["devices"].append({
+                "index": i,
+                "name": name.decode(errors="replace") if isinstance(name, bytes) else str(name),
+                "compute_capability": f"{p.get('major', '?')}.{p.get('minor', '?')}",
+                "memory_gib": round(p.get("totalGlobalMem", 0) / 2 ** 30, 1),
+            })
+        if n == 0:
+            st["reason"] = "cupy is installed but sees no CUDA device"
+    except Exception as e:  # no driver, no device, broken install: all mean "not available"
+        st["reason"] = f"cupy is installed but CUDA is not usable: {_one_line(e)}"
+    return st
+
+
+def _backends(cuda: dict) -> list[dict]:
+    out = []
+    for name in BACKENDS:
+        if name.startswith("cuda"):
+            ok = cuda["reason"] is None and bool(cuda["devices"])
+            out.append({"name": name, "available": ok,
+                        "detail": f"cupy {cuda['cupy']}, {len(cuda['devices'])} CUDA device(s)" if ok
+                        else cuda["reason"]})
+        elif name == "reference":
+            out.append({"name": name, "available": True,
+                        "detail": f"numpy {np.__version__} on the CPU (integer T-FDPA model, single-threaded)"})
+        else:
+            out.append({"name": name, "available": True, "detail": ""})
+    if not any(n.startswith("cuda") for n in BACKENDS):
+        why = "not part of this cpemu build"
+        if cuda["reason"]:
+            why += f"; {cuda['reason']}"
+        out.append({"name": "cuda", "available": False, "detail": why})
+    return out
+
+
+def _cpu_info() -> dict:
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {"machine": platform.machine(), "processor": platform.processor() or None,
+            "cpu_count": os.cpu_count(), "usable_cpus": usable}
+
+
+def _profile_info(name: str) -> dict:
+    p = get_profile(name)
+    d = p.data
+    ins = d["instruction"]
+    modes = {}
+    for scaling, m in d["modes"].items():
+        modes[scaling] = {"kernel": m["kernel"], "out_dtypes": list(m["out_dtypes"]),
+                          "bias_dtypes": dict(m["bias_dtypes"]),
+                          "promotion_interval": m["promotion_interval"],
+                          "split_k": m["split_k"]["kind"], "epilogue": m["epilogue"]["order"]}
+    ver = d["verification"]
+    return {"name": p.name, "arch": d["arch"], "device": d["device"], "library": d["library"],
+            "caller": d["caller"], "summary": d["summary"],
+            "verification": {"status": ver["status"], "method": ver["method"], "truth": ver.get("truth"),
+                             "counts": dict(ver["counts"])},
+            "instruction": {k: ins[k] for k in ("name", "L", "F", "rounding", "e_zero")},
+            "formats": [list(f) for f in d["formats"]], "modes": modes,
+            "default": p.name == DEFAULT_PROFILE}
+
+
+# --------------------------------------------------------------------------- group
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cpemu")
+def main():
+    """cpemu: bit-exact emulation of the FP8 matrix products (torch._scaled_mm)
+    of named NVIDIA GPUs, on the CPU."""
+
+
+# --------------------------------------------------------------------------- info
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def info(as_json):
+    """Shipped profiles, backends and devices."""
+    profs, bad = [], []
+    for name in profiles():
+        try:
+            profs.append(_profile_info(name))
+        except Exception as e:  # a broken profile file must not hide the others
+            bad.append({"name": name, "error": _one_line(e)})
+    cuda = _cuda_status()
+    report = {"cpemu": _version(), "default_profile": DEFAULT_PROFILE, "profiles": profs,
+              "invalid_profiles": bad, "backends": _backends(cuda),
+              "devices": {"cpu": _cpu_info(), "cuda": cuda["devices"]}}
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+    else:
+        _print_info(report, cuda)
+    if bad:
+        sys.exit(1)
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _print_info(r: dict, cuda: dict):
+    echo = click.echo
+    echo(f"cpemu {r['cpemu']}")
+    echo("")
+    echo(f"Profiles ({len(r['profiles'])}; default {r['default_profile']}):")
+    if not r["profiles"]:
+        echo("  (none shipped)")
+    for p in r["profiles"]:
+        v, ins = p["verification"], p["instruction"]
+        echo(f"  {p['name']}{'  [default]' if p['default'] else ''}")
+        echo(f"    arch {p['arch']}, device {p['device']}")
+        echo(f"    library {p['library']}, caller {p['caller']}")
+        counts = ", ".join(f"{k} {c}" for k, c in v["counts"].items()) or "-"
+        echo(f"    verification: {v['status']} ({v['method']}); counts: {counts}")
+        echo(f"    instruction: {ins['name']}: L={ins['L']} F={ins['F']} rounding={ins['rounding']} "
+             f"e_zero={ins['e_zero']}")
+        echo(f"    formats (a x b): {', '.join(a + 'x' + b for a, b in p['formats'])}")
+        for scaling, m in p["modes"].items():
+            bias = ", ".join(f"{o}:{b}" for o, b in m["bias_dtypes"].items() if b) or "none"
+            echo(f"    mode {scaling}: out {', '.join(m['out_dtypes'])}; bias {bias}; "
+                 f"split-K {m['split_k']}; promotion every {m['promotion_interval']} steps; "
+                 f"epilogue {m['epilogue']}")
+    for b in r["invalid_profiles"]:
+        echo(f"  {b['name']}: INVALID: {b['error']}")
+    echo("")
+    echo("Backends:")
+    for b in r["backends"]:
+        echo(f"  {b['name']:<10} {'available' if b['available'] else 'not available'}"
+             f"{': ' + b['detail'] if b['detail'] else ''}")
+    echo("")
+    cpu = r["devices"]["cpu"]
+    echo("Devices:")
+    echo(f"  cpu: {cpu['usable_cpus']} usable of {cpu['cpu_count']} CPUs ({cpu['machine']})")
+    if r["devices"]["cuda"]:
+        for d in r["devices"]["cuda"]:
+            echo(f"  cuda:{d['index']}: {d['name']} (sm {d['compute_capability']}, {d['memory_gib']} GiB)")
+    else:
+        echo(f"  cuda: none ({cuda['reason'] or 'no device'})")
+
+
+# --------------------------------------------------------------------------- gemm
+
+def _load_operand(path: str, fmt_name: str | None, arg: str) -> np.ndarray:
+    """An FP8 operand from .npy: uint8 codes (or the raw 1-byte records np.save writes for
+    ml_dtypes arrays) viewed as ``fmt_name``, or an array already of an FP8 dtype."""
+    x = np.load(path, allow_pickle=False)
+    fmt = FP8_FORMATS[fmt_name or "e4m3"]
+    if x.dtype in (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)):
+        got = "e4m3" if x.dtype == np.dtype(ml_dtypes.float8_e4m3fn) else "e5m2"
+        if fmt_name is not None and fmt_name != got:
+            raise click.ClickException(f"{arg}: {path} holds {x.dtype} but --{arg}-format is {fmt_name}")
+        return x
+    if x.dtype == np.uint8 or x.dtype == np.dtype("V1"):
+        return x.view(np.uint8).view(fmt.np_dtype)
+    raise click.ClickException(
+        f"{arg}: {path} must hold FP8 codes as uint8 (with --{arg}-format e4m3|e5m2), got dtype {x.dtype}")
+
+
+def _scale(value: float, name: str, notes: list) -> np.ndarray:
+    """A command-line scale as the float32 tensor torch would get (0-d float32 array).
+
+    ``cpemu.gemm`` refuses Python floats that float32 cannot hold exactly; on the command
+    line the value is rounded to float32 (as ``torch.tensor(value)`` does) and a note says so.
+    """
+    with np.errstate(over="ignore"):
+        s = np.array(value, dtype=np.float32)
+    if np.isfinite(value) and not np.isfinite(s):
+        raise click.ClickException(f"{name}: {value!r} overflows float32 (largest finite float32 is 3.4028235e38)")
+    if np.isfinite(value) and float(s) != value:
+        notes.append(f"{name} {value!r} is not exactly representable in float32; "
+                     f"using float32 {float(s)!r} (torch.tensor({value!r}) rounds the same way)")
+    return s
+
+
+def _save(path: str, y: np.ndarray) -> str:
+    if y.dtype == np.dtype(ml_dtypes.bfloat16):
+        # np.save does not keep ml_dtypes dtypes (bfloat16 is written as raw 'V2' records
+        # that np.load cannot turn back into bfloat16), so store the bit patterns.
+        np.save(path, y.view(np.uint16))
+        return "bfloat16 output saved as uint16 bit patterns (read with np.load(...).view(ml_dtypes.bfloat16))"
+    np.save(path, y)
+    return f"{y.dtype} output saved"
+
+
+@main.command()
+@click.option("--a", "a_path", type=click.Path(exists=True, dir_okay=False),
+              help="A (M, K): .npy of uint8 FP8 codes.")
+@click.option("--b", "b_path", type=click.Path(exists=True, dir_okay=False),
+              help="B (K, N), or (N, K) with --b-transposed: .npy of uint8 FP8 codes.")
+@click.option("--a-format", type=click.Choice(sorted(FP8_FORMATS)), default=None,
+              help="FP8 format of A's codes (default e4m3).")
+@click.option("--b-format", type=click.Choice(sorted(FP8_FORMATS)), default=None,
+              help="FP8 format of B's codes (default e4m3).")
+@click.option("--b-transposed", is_flag=True, help="The B file holds B transposed, (N, K) (torch's column-major b).")
+@click.option("--demo", type=click.Choice(list(EVO2_SHAPES)), default=None,
+              help="Built-in Evo 2 FP8 projection shape (the default when no --a/--b are given).")
+@click.option("--M", "--m", "m_rows", type=int, default=None, help="Rows of A for --demo (default 16).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Data seed for --demo.")
+@click.option("--profile", "profile_spec", default=None,
+              help=f"Profile name or path to a profile JSON file (default {DEFAULT_PROFILE}).")
+@click.option("--scale-a", type=float, default=1.0, show_default=True, help="Tensorwise scale of A.")
+@click.option("--scale-b", type=float, default=1.0, show_default=True, help="Tensorwise scale of B.")
+@click.option("--out-dtype", type=click.Choice(sorted(OUT_DTYPES)), default="bfloat16", show_default=True)
+@click.option("--fast-accum/--no-fast-accum", default=True, show_default=True,
+              help="torch's use_fast_accum.")
+@click.option("--backend", default="auto", show_default=True, help=f"auto or one of {', '.join(BACKENDS)}.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Save the result (.npy).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, profile_spec, scale_a, scale_b,
+         out_dtype, fast_accum, backend, out_path, as_json):
+    """One emulated torch._scaled_mm: out = (A @ B) * scale_a * scale_b.
+
+    With no operands, runs the evo2-1b demo (M=16, N=5760, K=1920) on the CPU.
+    """
+    notes: list[str] = []
+    with _clean_errors():
+        prof = _resolve_profile(profile_spec)
+        if (a_path is None) != (b_path is None):
+            raise click.UsageError("--a and --b go together")
+        if a_path is not None:
+            if demo is not None:
+                raise click.UsageError("give either --a/--b or --demo, not both")
+            if m_rows is not None:
+                raise click.UsageError("--M applies to --demo only (M is A's number of rows)")
+            A = _load_operand(a_path, a_format, "a")
+            B = _load_operand(b_path, b_format, "b")
+            if b_transposed:
+                if B.ndim != 2:
+                    raise click.ClickException(f"b: --b-transposed needs a 2-D (N, K) array, got shape {B.shape}")
+                B = B.T
+            source = f"a={a_path} b={b_path}{' (transposed)' if b_transposed else ''}"
+        else:
+            demo = demo or "evo2-1b"
+            M = 16 if m_rows is None else m_rows
+            if M < 1:
+                raise click.BadParameter("must be at least 1", param_hint="--M")
+            N, K = EVO2_SHAPES[demo]
+            case = Case(M, N, K, data="gauss40", seed=seed, a_format=a_format or "e4m3",
+                        b_format=b_format or "e4m3")
+            a, bt, *_ = operands(case)
+            A = a.view(FP8_FORMATS[case.a_format].np_dtype)
+            B = bt.view(FP8_FORMATS[case.b_format].np_dtype).T  # (K, N) view of column-major B
+            source = f"demo {demo} (gauss40 data, seed {seed})"
+        sa = _scale(scale_a, "scale_a", notes)
+        sb = _scale(scale_b, "scale_b", notes)
+        if A.ndim == 2 and B.ndim == 2 and A.shape[1] == B.shape[0]:
+            M, K = A.shape
+            N = B.shape[1]
+            try:
+                plan = prof.plan(M, N, K, fast_accum)
+            except (ValueError, KeyError):
+                plan = None  # gemm's own checks explain what is wrong
+        else:
+            plan = None
+        t0 = time.perf_counter()
+        y = _gemm(A, B, profile=prof, scale_a=sa, scale_b=sb, out_dtype=out_dtype, fast_accum=fast_accum,
+                  backend=backend)
+        elapsed = time.perf_counter() - t0
+        saved = _save(out_path, y) if out_path else None
+    M, K = A.shape
+    N = B.shape[1]
+    used_backend = BACKENDS[0] if backend == "auto" else backend
+    digest = hashlib.sha256(np.ascontiguousarray(y).tobytes()).hexdigest()
+    rec = {"source": source, "M": M, "N": N, "K": K, "a_format": _fmt_name(A), "b_format": _fmt_name(B),
+           "profile": prof.name, "backend": used_backend, "out_dtype": out_dtype, "fast_accum": fast_accum,
+           "scale_a": float(sa), "scale_b": float(sb),
+           "plan": None if plan is None else {"splits": plan.splits, "slices": [list(s) for s in plan.slices],
+                                              "promotion": plan.promotion},
+           "sha256": digest, "seconds": elapsed, "mac_per_s": M * N * K / elapsed if elapsed > 0 else None,
+           "out": out_path, "notes": notes + ([saved] if saved else [])}
+    if as_json:
+        click.echo(json.dumps(rec, indent=1))
+        return
+    echo = click.echo
+    echo(f"input:    {source}")
+    echo(f"shape:    M={M} N={N} K={K}  (a {rec['a_format']}, b {rec['b_format']})")
+    echo(f"profile:  {prof.name} ({prof.data['device']}; {prof.data['verification']['status']})")
+    echo(f"call:     out_dtype={out_dtype} fast_accum={fast_accum} scale_a={float(sa)!r} scale_b={float(sb)!r} "
+         f"backend={used_backend}")
+    if plan is not None:
+        promo = ("fast accumulation (one chain per slice)" if plan.promotion is None else
+                 f"promotion every {plan.promotion} steps ({plan.promotion * prof.instruction.L} K elements)")
+        sl = ", ".join(f"[{k0},{k1})" for k0, k1 in plan.slices[:8]) + (" ..." if plan.splits > 8 else "")
+        echo(f"plan:     {plan.splits} split-K slice(s) {sl}; {promo}")
+    echo(f"output:   {y.dtype} {y.shape}")
+    echo(f"sha256:   {digest}  (raw output bytes, C order)")
+    echo(f"time:     {elapsed:.3f} s, {rec['mac_per_s'] / 1e6:.1f} M MAC/s")
+    for n in rec["notes"]:
+        echo(f"note:     {n}")
+    if out_path:
+        echo(f"saved:    {out_path}")
+
+
+def _fmt_name(x: np.ndarray) -> str:
+    return "e4m3" if x.dtype == np.dtype(ml_dtypes.float8_e4m3fn) else "e5m2"
+
+
+# --------------------------------------------------------------------------- verify
+
+@main.command()
+@click.argument("truth_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--profile", "profile_spec", default=None,
+              help="Profile name or JSON file (default: the profile the manifest names).")
+@click.option("--backend", default="auto", show_default=True)
+@click.option("--show", type=int, default=10, show_default=True, help="How many mismatches/errors to list.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
+def verify(truth_dir, profile_spec, backend, show, as_json):
+    """Recompute a GPU truth recording (TRUTH_DIR/manifest.json) and compare bits.
+
+    Exits 1 on any mismatch or error.
+    """
+    from .truth import load_manifest, verify_folder
+
+    if backend not in ("auto",) + BACKENDS:
+        raise click.BadParameter(f"must be 'auto' or one of {', '.join(BACKENDS)}", param_hint="--backend")
+    with _clean_errors():
+        man = load_manifest(truth_dir, verify_files=False)
+        prof = _resolve_profile(profile_spec or man["profile"])
+        total = len(man["cases"])
+        seen = Counter()
+        t0 = time.perf_counter()
+        tty = sys.stderr.isatty()
+
+        def progress(r):
+            seen[r.status] += 1
+            done = sum(seen.values())
+            if tty or done == total or done % 50 == 0:
+                click.echo(f"\r  {done}/{total} cases: " + ", ".join(f"{s} {seen[s]}" for s in STATUSES)
+                           + f"  ({time.perf_counter() - t0:.0f} s)", err=True, nl=not tty)
+
+        results, counts = verify_folder(truth_dir, profile=prof, backend=backend, progress=progress)
+        if tty:
+            click.echo("", err=True)
+    totals = Counter(r.status for r in results)
+    features = sorted({f for f, _ in counts})
+    table = {f: {s: counts[(f, s)] for s in STATUSES} for f in features}
+    failed = [r for r in results if r.status in ("mismatch", "error")]
+    if as_json:
+        click.echo(json.dumps({"truth": truth_dir, "profile": prof.name, "cases": total,
+                               "totals": {s: totals[s] for s in STATUSES}, "features": table,
+                               "failures": [{"case": r.case_id, "status": r.status, "mismatches": r.mismatches,
+                                             "detail": r.detail} for r in failed]}, indent=1))
+    else:
+        echo = click.echo
+        echo(f"truth:   {truth_dir} ({total} cases, recorded for {man['profile']})")
+        echo(f"profile: {prof.name}")
+        w = max([len("feature")] + [len(f) for f in features])
+        echo(f"{'feature':<{w}}  " + "  ".join(f"{s:>13}" for s in STATUSES))
+        for f in features:
+            echo(f"{f:<{w}}  " + "  ".join(f"{table[f][s]:>13}" for s in STATUSES))
+        echo(f"{'TOTAL':<{w}}  " + "  ".join(f"{totals[s]:>13}" for s in STATUSES))
+        for r in failed[:show]:
+            what = f"{r.mismatches} element(s) differ" if r.status == "mismatch" else "error"
+            echo(f"{r.status.upper()} {r.case_id}: {what}: {r.detail}")
+        if len(failed) > show:
+            echo(f"... and {len(failed) - show} more")
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
