@@ -104,17 +104,16 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
     if backend not in ("auto",) + BACKENDS:
         _fail("backend", f"must be 'auto' or one of {BACKENDS}", repr(backend))
 
-    plan = prof.plan(M, N, K, bool(fast_accum), scaling)
+    plan = prof.plan(M, N, K, bool(fast_accum), scaling, fa.name, fb.name, out_dtype)
     mode = prof.mode(scaling)
     model = prof.instruction
     a_ops = ref.decode(np.ascontiguousarray(a).view(np.uint8), fa)
     b_ops = ref.decode(np.ascontiguousarray(b.T).view(np.uint8), fb)
     out = np.empty((M, N), dtype=OUT_DTYPES[out_dtype])
-    rows = ref.block_rows(M, N, model.L)
     nan_bits = mode.get("nan_bits", {}).get(out_dtype)
-    for i in range(0, M, rows):
-        blk = slice(i, min(i + rows, M))
-        acc = ref.accumulate(a_ops.rows(blk), b_ops, plan, model)
-        y = ref.epilogue(acc, sa if sa.ndim == 0 else sa[blk], sb, bias_f32, mode["epilogue"])
-        out[blk] = encode_output(y, out_dtype, nan_bits)
+    for rb, cb in ref.blocks(M, N, model.L):
+        acc = ref.accumulate(a_ops.rows(rb), b_ops.rows(cb), plan, model)
+        y = ref.epilogue(acc, sa if sa.ndim == 0 else sa[rb], sb if sb.ndim == 0 else sb[:, cb],
+                         None if bias_f32 is None else bias_f32[cb], mode["epilogue"])
+        out[rb, cb] = encode_output(y, out_dtype, nan_bits)
     return out

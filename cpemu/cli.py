@@ -32,7 +32,7 @@ import ml_dtypes
 import numpy as np
 
 from .api import BACKENDS, gemm as _gemm
-from .cases import EVO2_SHAPES, Case, operands
+from .cases import EVO2_SHAPES, Case, operands, sha256_arrays
 from .formats import FP8_FORMATS, OUT_DTYPES
 from .profile import DEFAULT_PROFILE, Profile, get_profile, load_schema, profiles
 
@@ -362,7 +362,10 @@ def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, p
            "scale_a": float(sa), "scale_b": float(sb),
            "plan": None if plan is None else {"splits": plan.splits, "slices": [list(s) for s in plan.slices],
                                               "promotion": plan.promotion},
-           "sha256": digest, "seconds": elapsed, "mac_per_s": M * N * K / elapsed if elapsed > 0 else None,
+           "sha256": digest,
+           # what a truth manifest records as output_sha256 (cpemu.cases.sha256_arrays of the bit patterns)
+           "manifest_sha256": sha256_arrays(y.view(np.uint32 if y.dtype == np.float32 else np.uint16)),
+           "seconds": elapsed, "mac_per_s": M * N * K / elapsed if elapsed > 0 else None,
            "out": out_path, "notes": notes + ([saved] if saved else [])}
     if as_json:
         click.echo(json.dumps(rec, indent=1))

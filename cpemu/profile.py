@@ -56,14 +56,15 @@ class Profile:
 
     def split_rule(self, scaling: str) -> SplitKRule:
         sk = self.mode(scaling)["split_k"]
-        table = tuple(tuple(r) for r in sk.get("table", ()))
         return SplitKRule(kind=sk["kind"], granularity=sk.get("granularity", 128), domain=sk.get("domain"),
-                          table=table, params=sk.get("params"))
+                          params=sk.get("params"))
 
-    def plan(self, M: int, N: int, K: int, fast_accum: bool, scaling: str = "tensorwise") -> Plan:
+    def plan(self, M: int, N: int, K: int, fast_accum: bool, scaling: str = "tensorwise",
+             a_format: str = "e4m3", b_format: str = "e4m3", out_dtype: str = "bfloat16") -> Plan:
+        """The schedule of one call: split-K slices and promotion (see :mod:`cpemu.schedule`)."""
         mode = self.mode(scaling)
         rule = self.split_rule(scaling)
-        splits = rule.splits(M, N, K, fast_accum)
+        splits = rule.splits(M, N, K, fast_accum, (a_format, b_format, out_dtype))
         promo = None if fast_accum else int(mode["promotion_interval"])
         return Plan(slices=slices_for(K, splits, rule.granularity), promotion=promo)
 
@@ -92,7 +93,7 @@ class Profile:
 
 @lru_cache(maxsize=None)
 def _load(name: str) -> Profile:
-    path = resources.files("cpemu.profiles").joinpath(f"{name}.json")
+    path = resources.files("cpemu.profile_data").joinpath(f"{name}.json")
     data = json.loads(path.read_text())
     jsonschema.validate(data, load_schema("profile"))
     if data["name"] != name:
@@ -102,7 +103,8 @@ def _load(name: str) -> Profile:
 
 def profiles() -> list[str]:
     """Names of the profiles shipped with cpemu."""
-    return sorted(p.name[:-5] for p in resources.files("cpemu.profiles").iterdir() if p.name.endswith(".json"))
+    return sorted(p.name[:-5] for p in resources.files("cpemu.profile_data").iterdir()
+                  if p.name.endswith(".json") and "." not in p.name[:-5])
 
 
 def get_profile(name: str | Profile = DEFAULT_PROFILE) -> Profile:

@@ -33,14 +33,20 @@ from .instruction import InstructionModel
 __all__ = ["Operand", "decode", "tfdpa", "chain", "accumulate", "epilogue", "BLOCK_ELEMS"]
 
 #: Upper bound on block_M * block_N * L elements held by one step's temporaries
-#: (each temporary is int32 or int64: 2**21 elements -> 8-16 MiB).
-BLOCK_ELEMS = 1 << 21
+#: (each temporary is int32 or int64: 2**17 elements -> 0.5-1 MiB, cache-sized).
+BLOCK_ELEMS = 1 << 17
+#: Output columns per block.
+BLOCK_COLS = 256
+
+#: Exponent given to zero operands: any product with a zero factor then lies far below
+#: every e_zero of the models (-133) and below any nonzero product (>= -28 - 28).
+ZERO_EXP = -1000
 
 
 class Operand:
     """Decoded FP8 operand, K along the last axis: sign, integer significand, exponent."""
 
-    __slots__ = ("sign", "m", "e", "nan", "inf", "frac_bits", "has_special")
+    __slots__ = ("sign", "m", "e", "e_nz", "nan", "inf", "frac_bits", "has_special")
 
     def __init__(self, codes: np.ndarray, fmt: FP8Format):
         sign, m, e, is_nan, is_inf = fmt.tables()
@@ -50,12 +56,13 @@ class Operand:
         self.e = e[idx]
         self.nan = is_nan[idx]
         self.inf = is_inf[idx]
+        self.e_nz = np.where(self.m == 0, ZERO_EXP, self.e).astype(np.int32)
         self.frac_bits = fmt.frac_bits
         self.has_special = bool(self.nan.any() or self.inf.any())
 
     def rows(self, sl) -> "Operand":
         out = Operand.__new__(Operand)
-        out.sign, out.m, out.e = self.sign[sl], self.m[sl], self.e[sl]
+        out.sign, out.m, out.e, out.e_nz = self.sign[sl], self.m[sl], self.e[sl], self.e_nz[sl]
         out.nan, out.inf = self.nan[sl], self.inf[sl]
         out.frac_bits, out.has_special = self.frac_bits, self.has_special
         return out
@@ -101,18 +108,26 @@ def tfdpa(c: np.ndarray, a: Operand, b: Operand, model: InstructionModel) -> np.
     ``c``: (Mb, Nb) float32 accumulators; ``a``: (Mb, Lk) operand; ``b``: (Nb, Lk)
     operand (K last), ``Lk <= model.L``. Missing products of a short step are zero
     products, which never change e_max or the sum. Returns (Mb, Nb) float32.
+
+    A product ``P * 2**(E - fa - fb)`` truncated to F fraction bits below ``2**e_max`` is
+    ``trunc(P * 2**(E - e_max + F - fa - fb))``; with ``S0 = F - fa - fb >= 0`` this is
+    ``(P << S0) >> (e_max - E)``, exact in int32 (``P << S0 < 2**27``). Zero operands carry
+    the exponent ``ZERO_EXP``, so a zero product never sets e_max; when every product and
+    c are zero, e_max = e_zero (from c) as in the model, and the sum is 0 either way.
     """
     F = model.F
-    P = a.m[:, None, :] * b.m[None, :, :]  # int32, < 2**8
-    E = a.e[:, None, :] + b.e[None, :, :]
-    E = np.where(P == 0, model.e_zero, E)
+    S0 = F - a.frac_bits - b.frac_bits
+    assert S0 >= 0
+    P = (a.m[:, None, :] << S0) * b.m[None, :, :]
+    E = a.e_nz[:, None, :] + b.e_nz[None, :, :]
     cs, cm, ce = _split_fp32(c, model.e_zero)
     e_max = np.maximum(E.max(axis=-1), ce)
-    r = e_max[..., None] - E + (a.frac_bits + b.frac_bits - F)
-    T = np.where(r >= 0, P >> np.clip(r, 0, 31), P << np.clip(-r, 0, 31))
+    E -= e_max[..., None]  # -(e_max - E) <= 0
+    np.maximum(E, -31, out=E)
+    T = P >> -E
     T *= a.sign[:, None, :] * b.sign[None, :, :]
     S = T.sum(axis=-1, dtype=np.int64)
-    rc = e_max - ce + (23 - F)
+    rc = e_max - ce + (23 - F)  # the accumulator's 24-bit significand, truncated likewise
     S += cs * np.where(rc >= 0, cm >> np.clip(rc, 0, 62), cm << np.clip(-rc, 0, 62))
     out = _round_sum(S, e_max - F, model.result_fraction_bits)
     if a.has_special or b.has_special or not np.isfinite(c).all():
@@ -172,8 +187,13 @@ def accumulate(a: Operand, b: Operand, plan, model: InstructionModel) -> np.ndar
     return partial
 
 
-def block_rows(M: int, N: int, L: int) -> int:
-    return max(1, min(M, BLOCK_ELEMS // max(1, N * L)))
+def blocks(M: int, N: int, L: int):
+    """(row slice, column slice) output blocks of at most BLOCK_ELEMS // L outputs."""
+    cols = min(N, BLOCK_COLS)
+    rows = max(1, min(M, BLOCK_ELEMS // (cols * L)))
+    for i in range(0, M, rows):
+        for j in range(0, N, cols):
+            yield slice(i, min(i + rows, M)), slice(j, min(j + cols, N))
 
 
 def epilogue(acc: np.ndarray, scale_a, scale_b, bias, ep: dict) -> np.ndarray:

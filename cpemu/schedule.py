@@ -62,23 +62,21 @@ class SplitKRule:
 
     kind: str
     granularity: int = 128
-    domain: dict | None = None  # {"M": [lo, hi], "N": [lo, hi], "K": [lo, hi]}
-    table: tuple = ()  # ((M, N, K, fast_accum, splits), ...) exceptions / explicit entries
+    domain: dict | None = None  # {"M": [lo, hi], "N": [lo, hi], "K": [lo, hi], "extra_NK": [[N, K], ...]}
     params: dict | None = None
 
-    def splits(self, M: int, N: int, K: int, fast_accum: bool) -> int:
-        if self.kind == "none":
-            return 1
+    def splits(self, M: int, N: int, K: int, fast_accum: bool, combo: tuple = ("e4m3", "e4m3", "bfloat16")) -> int:
+        """Number of split-K slices; ``combo`` is (a_format, b_format, out_dtype)."""
         dom = self.domain or {}
+        extra = [tuple(x) for x in dom.get("extra_NK", ())]
         for ax, v in (("M", M), ("N", N), ("K", K)):
             lo, hi = dom.get(ax, (1, 1 << 62))
-            if not lo <= v <= hi:
+            if not lo <= v <= hi and not (ax in "NK" and (N, K) in extra):
                 raise UnsupportedShape(
                     f"{ax}={v} is outside the range {lo}..{hi} for which this profile's split-K "
                     f"choice was recorded; the GPU library's schedule there is unknown")
-        for m, n, k, fa, s in self.table:
-            if (m, n, k) == (M, N, K) and (fa is None or bool(fa) == bool(fast_accum)):
-                return int(s)
+        if self.kind == "none":
+            return 1
         from .splitk import splits_from_rule
 
-        return splits_from_rule(self.params or {}, M, N, K, fast_accum)
+        return splits_from_rule(self.params or {}, M, N, K, fast_accum, combo)

@@ -1,16 +1,47 @@
-"""Split-K rules: how many K slices the GPU library's heuristic picks for a shape.
+"""Split-K rules: how many K slices the GPU library's heuristic picks for a call.
 
-Filled from the recorded cuBLASLt heuristic tables (tools/cublaslt_heuristic.py).
+A profile's ``split_k`` section (``kind: "rule"``) says, from recorded cuBLASLt
+heuristic answers (``tools/splitk_table.py``, ``tools/build_splitk_rule.py``):
+
+* no split when ``K <= k_max_nosplit`` or ``M*N >= mn_min_nosplit`` (predicates checked
+  with zero violations on the recorded and held-out queries listed in the table file's
+  ``rule.checks``);
+* otherwise the recorded answer for exactly this shape and option combination
+  ``a_format,b_format,out_dtype,fast|promo`` from the table file;
+* otherwise :class:`~cpemu.schedule.UnsupportedShape`: cpemu does not guess.
 """
 
 from __future__ import annotations
 
+import json
+from functools import lru_cache
+from importlib import resources
+
 from .schedule import UnsupportedShape
 
-__all__ = ["splits_from_rule"]
+__all__ = ["splits_from_rule", "load_table"]
 
 
-def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool) -> int:
-    kind = params.get("kind", "table-only")
-    raise UnsupportedShape(
-        f"shape M={M}, N={N}, K={K} is not in this profile's recorded split-K table (rule kind {kind!r})")
+@lru_cache(maxsize=None)
+def load_table(name: str):
+    doc = json.loads(resources.files("cpemu.profile_data").joinpath(name).read_text())
+    index = {tuple(s): i for i, s in enumerate(doc["shapes"])}
+    return doc, index
+
+
+def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, combo: tuple) -> int:
+    if K <= params["k_max_nosplit"] or M * N >= params["mn_min_nosplit"]:
+        return 1
+    doc, index = load_table(params["table_file"])
+    a_format, b_format, out_dtype = combo
+    key = f"{a_format},{b_format},{out_dtype},{'fast' if fast_accum else 'promo'}"
+    i = index.get((M, N, K))
+    ch = doc["tables"].get(key, "")[i] if i is not None and key in doc["tables"] else "?"
+    if ch == "?":
+        raise UnsupportedShape(
+            f"cuBLASLt may split K for M={M}, N={N}, K={K} ({key}): K > {params['k_max_nosplit']} and "
+            f"M*N < {params['mn_min_nosplit']}, and this shape's split-K count is not in the profile's "
+            f"recorded table; record it on the GPU with tools/splitk_table.py (cpemu does not guess)")
+    if ch == "x":
+        raise UnsupportedShape(f"cuBLASLt has no algorithm for M={M}, N={N}, K={K} ({key}); torch raises here")
+    return int(ch, 36)
