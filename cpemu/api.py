@@ -32,26 +32,42 @@ def _check_operand(x, name: str):
     return fmt
 
 
-def _check_scale(s, name: str, full_shape: tuple):
-    """Returns (float32 array of shape () or full_shape, is_rowwise)."""
-    if isinstance(s, numbers.Real) and not isinstance(s, bool):
-        arr = np.array(s, dtype=np.float32)
+def _check_scale(s, name: str):
+    """A float32 array of the scale (torch takes float32 scale tensors)."""
+    if isinstance(s, numbers.Real) and not isinstance(s, (bool, np.bool_)) and np.ndim(s) == 0 \
+            and not isinstance(s, np.ndarray):
+        with np.errstate(over="ignore"):
+            arr = np.array(s, dtype=np.float32)
+        if not np.isfinite(float(s)):
+            _fail(name, "must be finite", s)
         if float(arr) != float(s):
-            _fail(name, "a Python scalar scale must be exactly representable in float32", s)
-    elif isinstance(s, np.ndarray) or np.isscalar(s):
-        arr = np.asarray(s)
+            _fail(name, "a Python scalar scale must be exactly representable in float32 "
+                        "(pass np.float32(x) to round it as torch.tensor(x) does)", s)
+    elif isinstance(s, np.ndarray):
+        arr = s
         if arr.dtype != np.float32:
             _fail(name, "must be a float32 scalar or array (torch._scaled_mm takes float32 scales)", arr.dtype)
-        if arr.size == 1 and arr.ndim <= 1:
-            arr = arr.reshape(())
-        elif arr.shape != full_shape:
-            _fail(name, f"must be a scalar, a 1-element array, or a rowwise array of shape {full_shape}",
-                  f"shape {arr.shape}")
     else:
         _fail(name, "must be a float or a float32 numpy array", type(s).__name__)
     if not np.isfinite(arr).all():
         _fail(name, "must be finite", arr.ravel()[~np.isfinite(arr.ravel())][:4])
-    return arr.astype(np.float32), arr.ndim == 2
+    return arr
+
+
+def _scaling(sa, sb, M: int, N: int):
+    """Tensorwise when both scales have one element (torch: numel() == 1), rowwise for (M, 1) and (1, N)."""
+    if sa.size == 1 and sb.size == 1:
+        return sa.reshape(()), sb.reshape(()), "tensorwise"
+    if sa.shape == (M, 1) and sb.shape == (1, N):
+        return sa, sb, "rowwise"
+    if sa.shape == (M, 1):
+        bad = "scale_b"
+    elif sb.shape == (1, N):
+        bad = "scale_a"
+    else:
+        bad = "scale_b" if sa.size == 1 else "scale_a"
+    _fail(bad, f"scales must both have one element (tensorwise), or be scale_a of shape (M, 1) = ({M}, 1) and "
+               f"scale_b of shape (1, N) = (1, {N}) (rowwise)", f"scale_a shape {sa.shape}, scale_b shape {sb.shape}")
 
 
 def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, out_dtype="bfloat16",
@@ -74,8 +90,6 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
     K2, N = b.shape
     if K != K2:
         _fail("b", f"must have shape (K, N) with K = a.shape[1] = {K}", f"shape {b.shape}")
-    if M == 0:
-        _fail("a", "must have at least one row", f"shape {a.shape}")
     if K % 16 or K == 0:
         _fail("a", "K (a.shape[1]) must be a positive multiple of 16, as torch._scaled_mm requires", K)
     if N % 16 or N == 0:
@@ -84,13 +98,8 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
         _fail("out_dtype", f"must be one of {sorted(OUT_DTYPES)}", repr(out_dtype))
     if not isinstance(fast_accum, (bool, np.bool_)):
         _fail("fast_accum", "must be a bool", type(fast_accum).__name__)
-    sa, row_a = _check_scale(scale_a, "scale_a", (M, 1))
-    sb, row_b = _check_scale(scale_b, "scale_b", (1, N))
-    if row_a != row_b:
-        _fail("scale_b" if row_a else "scale_a",
-              "rowwise scaling needs both scale_a of shape (M, 1) and scale_b of shape (1, N)",
-              f"shapes {sa.shape} and {sb.shape}")
-    scaling = "rowwise" if row_a else "tensorwise"
+    sa, sb, scaling = _scaling(_check_scale(scale_a, "scale_a"), _check_scale(scale_b, "scale_b"), M, N)
+    sa, sb = sa.astype(np.float32), sb.astype(np.float32)
     bias_f32, bias_dtype = None, None
     if bias is not None:
         if not isinstance(bias, np.ndarray) or bias.dtype not in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):
@@ -100,9 +109,11 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
             _fail("bias", f"must have shape (N,) = ({N},)", f"shape {bias.shape}")
         bias_dtype = "bfloat16" if bias.dtype == np.dtype(ml_dtypes.bfloat16) else "float16"
         bias_f32 = bias.astype(np.float32)
-    prof.check_features(fa.name, fb.name, out_dtype, scaling, bias_dtype)
     if backend not in ("auto",) + BACKENDS:
         _fail("backend", f"must be 'auto' or one of {BACKENDS}", repr(backend))
+    prof.check_features(fa.name, fb.name, out_dtype, scaling, bias_dtype)
+    if M == 0:  # torch returns an empty (0, N) result
+        return np.empty((0, N), dtype=OUT_DTYPES[out_dtype])
 
     plan = prof.plan(M, N, K, bool(fast_accum), scaling, fa.name, fb.name, out_dtype)
     mode = prof.mode(scaling)

@@ -343,7 +343,7 @@ def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, p
             M, K = A.shape
             N = B.shape[1]
             try:
-                plan = prof.plan(M, N, K, fast_accum)
+                plan = prof.plan(M, N, K, fast_accum, "tensorwise", _fmt_name(A), _fmt_name(B), out_dtype)
             except (ValueError, KeyError):
                 plan = None  # gemm's own checks explain what is wrong
         else:

@@ -182,8 +182,10 @@ def accumulate(a: Operand, b: Operand, plan, model: InstructionModel) -> np.ndar
             p = None
             for s in range(k0, k1, step):
                 part = chain(a, b, s, min(s + step, k1), model)
-                p = part if p is None else (p + part)  # float32 + float32: IEEE RN
-        partial = p if partial is None else (partial + p)
+                with np.errstate(invalid="ignore", over="ignore"):  # inf - inf -> NaN, as on the GPU
+                    p = part if p is None else (p + part)  # float32 + float32: IEEE RN
+        with np.errstate(invalid="ignore", over="ignore"):
+            partial = p if partial is None else (partial + p)
     return partial
 
 

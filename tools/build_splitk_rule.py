@@ -16,6 +16,7 @@ The thresholds are derived from the ``--derive`` files only and checked against 
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections import Counter, defaultdict
@@ -25,7 +26,9 @@ import click
 
 def rows_of(path):
     """(combo, M, N, K, split char) of a splitk_table.py file or a cublaslt_heuristic.py query file."""
-    d = json.load(open(path))
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as fh:
+        d = json.load(fh)
     if "rows" in d:
         for r in d["rows"]:
             c = {k: r[k] for k in ("a_dtype", "b_dtype", "out_dtype", "fast_accum", "bias", "scale_mode")}
