@@ -191,8 +191,8 @@ def accumulate(a: Operand, b: Operand, plan, model: InstructionModel) -> np.ndar
 
 def blocks(M: int, N: int, L: int):
     """(row slice, column slice) output blocks of at most BLOCK_ELEMS // L outputs."""
-    cols = min(N, BLOCK_COLS)
-    rows = max(1, min(M, BLOCK_ELEMS // (cols * L)))
+    rows = min(M, max(1, BLOCK_ELEMS // (BLOCK_COLS * L)))
+    cols = min(N, max(1, BLOCK_ELEMS // (rows * L)))
     for i in range(0, M, rows):
         for j in range(0, N, cols):
             yield slice(i, min(i + rows, M)), slice(j, min(j + cols, N))

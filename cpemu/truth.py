@@ -54,7 +54,7 @@ def features_of(rec: dict) -> list[str]:
          f"scale-{rec['scale']}", f"data-{rec['data']}", f"{rec['a_format']}x{rec['b_format']}"]
     if rec["bias"]:
         f.append("bias")
-    f += [t for t in rec.get("tags", []) if not t.startswith("evo2-")]
+    f += [t for t in rec.get("tags", []) if t in ("evo2", "splitk-probe", "splitk-heldout")]
     if rec.get("splits", 1) > 1:
         f.append("split-k")
     return f
