@@ -46,23 +46,22 @@ ZERO_EXP = -1000
 class Operand:
     """Decoded FP8 operand, K along the last axis: sign, integer significand, exponent."""
 
-    __slots__ = ("sign", "m", "e", "e_nz", "nan", "inf", "frac_bits", "has_special")
+    __slots__ = ("sign", "m", "e_nz", "nan", "inf", "frac_bits", "has_special")
 
     def __init__(self, codes: np.ndarray, fmt: FP8Format):
         sign, m, e, is_nan, is_inf = fmt.tables()
         idx = np.asarray(codes, dtype=np.uint8)
         self.sign = sign[idx]
         self.m = m[idx]
-        self.e = e[idx]
         self.nan = is_nan[idx]
         self.inf = is_inf[idx]
-        self.e_nz = np.where(self.m == 0, ZERO_EXP, self.e).astype(np.int32)
+        self.e_nz = np.where(self.m == 0, ZERO_EXP, e[idx]).astype(np.int16)  # exponent, ZERO_EXP for zeros
         self.frac_bits = fmt.frac_bits
         self.has_special = bool(self.nan.any() or self.inf.any())
 
     def rows(self, sl) -> "Operand":
         out = Operand.__new__(Operand)
-        out.sign, out.m, out.e, out.e_nz = self.sign[sl], self.m[sl], self.e[sl], self.e_nz[sl]
+        out.sign, out.m, out.e_nz = self.sign[sl], self.m[sl], self.e_nz[sl]
         out.nan, out.inf = self.nan[sl], self.inf[sl]
         out.frac_bits, out.has_special = self.frac_bits, self.has_special
         return out
@@ -119,7 +118,7 @@ def tfdpa(c: np.ndarray, a: Operand, b: Operand, model: InstructionModel) -> np.
     S0 = F - a.frac_bits - b.frac_bits
     assert S0 >= 0
     P = (a.m[:, None, :] << S0) * b.m[None, :, :]
-    E = a.e_nz[:, None, :] + b.e_nz[None, :, :]
+    E = a.e_nz[:, None, :].astype(np.int32) + b.e_nz[None, :, :]
     cs, cm, ce = _split_fp32(c, model.e_zero)
     e_max = np.maximum(E.max(axis=-1), ce)
     E -= e_max[..., None]  # -(e_max - E) <= 0
