@@ -11,10 +11,11 @@ from . import reference as ref
 from .formats import OUT_DTYPES, encode_output, fp8_format
 from .profile import DEFAULT_PROFILE, get_profile
 
-__all__ = ["gemm", "BACKENDS"]
+__all__ = ["gemm", "bits_to_float32", "BACKENDS"]
 
-#: Backends of this build, best first; "auto" picks the first available one.
-BACKENDS = ("reference",)
+#: Backends of this build, best first (see cpemu.backends); "auto" picks the first
+#: available and validated one.
+BACKENDS = ("cuda-tiled", "cuda-simple", "reference")
 
 
 def _fail(arg: str, rule: str, got) -> None:
@@ -70,22 +71,62 @@ def _scaling(sa, sb, M: int, N: int):
                f"scale_b of shape (1, N) = (1, {N}) (rowwise)", f"scale_a shape {sa.shape}, scale_b shape {sb.shape}")
 
 
+def _is_cupy(x) -> bool:
+    return type(x).__module__.split(".")[0] == "cupy"
+
+
+def _check_device_operand(x, name: str, fmt_name, k_major: bool):
+    """A cupy operand: uint8 codes with the format named, K contiguous."""
+    if x.dtype != np.uint8:
+        _fail(name, "a cupy operand must hold uint8 FP8 codes, with the format given by a_format/b_format", x.dtype)
+    fmt = fp8_format(fmt_name) if fmt_name is not None else None
+    if fmt is None:
+        _fail(f"{name}_format", "must name the FP8 format of a cupy operand: 'e4m3' or 'e5m2'", repr(fmt_name))
+    if x.ndim != 2:
+        _fail(name, "must be a 2-D matrix", f"shape {x.shape}")
+    contiguous = x.flags.c_contiguous if k_major else x.T.flags.c_contiguous
+    if not contiguous and x.size:
+        _fail(name, "a cupy operand must be " + ("C-contiguous (M, K)" if k_major else
+                                                  "a column-major (K, N) matrix, e.g. bt.T of a C-contiguous (N, K)"),
+              f"strides {x.strides}")
+    return fmt
+
+
 def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, out_dtype="bfloat16",
-         fast_accum=True, backend="auto"):
+         fast_accum=True, backend="auto", a_format=None, b_format=None):
     """``out = (a @ b) * scale_a * scale_b (+ bias)`` with the bits of the profile's GPU.
 
     ``a``: (M, K) and ``b``: (K, N) numpy arrays of ml_dtypes ``float8_e4m3fn`` /
     ``float8_e5m2`` (``b`` may be a transposed view, like torch's column-major operand;
-    any strides are accepted). K and N must be multiples of 16 (torch._scaled_mm's rule).
+    any strides are accepted), or cupy uint8 arrays of FP8 codes with ``a_format`` /
+    ``b_format`` ("e4m3" or "e5m2"; ``a`` C-contiguous, ``b`` column-major, i.e. ``bt.T``).
+    K and N must be multiples of 16 (torch._scaled_mm's rule).
     ``scale_a``/``scale_b``: float scalars, or float32 arrays of shape (M, 1) and (1, N)
     for rowwise scaling. ``bias``: (N,) ml_dtypes bfloat16 (float16 for float16 output).
     ``out_dtype``: "bfloat16", "float16" or "float32". ``fast_accum``: torch's
-    ``use_fast_accum``. Returns a C-contiguous numpy array of ``out_dtype`` whose bytes
-    equal torch._scaled_mm's output on the profile's GPU.
+    ``use_fast_accum``. ``backend``: "auto" (the fastest validated one, see
+    :mod:`cpemu.backends`) or a name.
+
+    Returns, for numpy inputs, a C-contiguous numpy array of ``out_dtype`` whose bytes equal
+    torch._scaled_mm's output on the profile's GPU; for cupy inputs a cupy array on the
+    same device, float32, or uint16 bit patterns for bfloat16 / float16 (view them with
+    :func:`cpemu.bits_to_float32`), computed on the current cupy stream.
     """
+    from . import backends
+
     prof = get_profile(profile)
-    fa = _check_operand(a, "a")
-    fb = _check_operand(b, "b")
+    on_gpu = _is_cupy(a) or _is_cupy(b)
+    if on_gpu:
+        if not (_is_cupy(a) and _is_cupy(b)):
+            _fail("b" if _is_cupy(a) else "a", "a and b must both be numpy or both be cupy arrays",
+                  f"{type(a).__module__}.{type(a).__name__} and {type(b).__module__}.{type(b).__name__}")
+        if a.device != b.device:
+            _fail("b", "must be on the same device as a", f"devices {a.device} and {b.device}")
+        fa = _check_device_operand(a, "a", a_format, True)
+        fb = _check_device_operand(b, "b", b_format, False)
+    else:
+        fa = _check_operand(a, "a")
+        fb = _check_operand(b, "b")
     M, K = a.shape
     K2, N = b.shape
     if K != K2:
@@ -98,6 +139,13 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
         _fail("out_dtype", f"must be one of {sorted(OUT_DTYPES)}", repr(out_dtype))
     if not isinstance(fast_accum, (bool, np.bool_)):
         _fail("fast_accum", "must be a bool", type(fast_accum).__name__)
+    if _is_cupy(scale_a) or _is_cupy(scale_b) or _is_cupy(bias):
+        import cupy
+
+        scale_a, scale_b = (cupy.asnumpy(x) if _is_cupy(x) else x for x in (scale_a, scale_b))
+        bias = cupy.asnumpy(bias) if _is_cupy(bias) else bias
+        if bias is not None and bias.dtype == np.uint16:  # bf16 bits from the device
+            bias = bias.view(ml_dtypes.bfloat16)
     sa, sb, scaling = _scaling(_check_scale(scale_a, "scale_a"), _check_scale(scale_b, "scale_b"), M, N)
     sa, sb = sa.astype(np.float32), sb.astype(np.float32)
     bias_f32, bias_dtype = None, None
@@ -109,18 +157,38 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
             _fail("bias", f"must have shape (N,) = ({N},)", f"shape {bias.shape}")
         bias_dtype = "bfloat16" if bias.dtype == np.dtype(ml_dtypes.bfloat16) else "float16"
         bias_f32 = bias.astype(np.float32)
-    if backend not in ("auto",) + BACKENDS:
-        _fail("backend", f"must be 'auto' or one of {BACKENDS}", repr(backend))
+    if backend != "auto" and backend not in backends.LADDER:
+        _fail("backend", f"must be 'auto' or one of {backends.LADDER}", repr(backend))
     prof.check_features(fa.name, fb.name, out_dtype, scaling, bias_dtype)
-    if M == 0:  # torch returns an empty (0, N) result
-        return np.empty((0, N), dtype=OUT_DTYPES[out_dtype])
-
-    plan = prof.plan(M, N, K, bool(fast_accum), scaling, fa.name, fb.name, out_dtype)
+    plan = prof.plan(M, N, K, bool(fast_accum), scaling, fa.name, fb.name, out_dtype) if M else None
+    chosen = backends.select(backend, prof) if M else "reference"
     mode = prof.mode(scaling)
     model = prof.instruction
+
+    if chosen != "reference":
+        from .cuda.kernels import gemm_cuda
+
+        import cupy
+
+        a_dev = a if on_gpu else cupy.asarray(np.ascontiguousarray(a).view(np.uint8))
+        bt_dev = b.T if on_gpu else cupy.asarray(np.ascontiguousarray(b.T).view(np.uint8))
+        y = gemm_cuda(chosen, a_dev, bt_dev, fa.name, fb.name, plan, model, mode, sa, sb, bias_f32, out_dtype)
+        if on_gpu:
+            return y
+        return cupy.asnumpy(y).view(OUT_DTYPES[out_dtype])
+
+    if on_gpu:
+        import cupy
+
+        host = gemm(cupy.asnumpy(a).view(fa.np_dtype), cupy.asnumpy(b.T).view(fb.np_dtype).T, profile=prof,
+                    scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype, fast_accum=fast_accum,
+                    backend="reference")
+        return cupy.asarray(host.view(np.float32 if out_dtype == "float32" else np.uint16))
+    out = np.empty((M, N), dtype=OUT_DTYPES[out_dtype])
+    if M == 0:  # torch returns an empty (0, N) result
+        return out
     a_ops = ref.decode(np.ascontiguousarray(a).view(np.uint8), fa)
     b_ops = ref.decode(np.ascontiguousarray(b.T).view(np.uint8), fb)
-    out = np.empty((M, N), dtype=OUT_DTYPES[out_dtype])
     nan_bits = mode.get("nan_bits", {}).get(out_dtype)
     for rb, cb in ref.blocks(M, N, model.L):
         acc = ref.accumulate(a_ops.rows(rb), b_ops.rows(cb), plan, model)
@@ -128,3 +196,13 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
                          None if bias_f32 is None else bias_f32[cb], mode["epilogue"])
         out[rb, cb] = encode_output(y, out_dtype, nan_bits)
     return out
+
+
+def bits_to_float32(bits, out_dtype: str = "bfloat16"):
+    """View uint16 bf16/fp16 bit patterns (numpy or cupy) as float32 values (exact)."""
+    xp = __import__("cupy") if _is_cupy(bits) else np
+    if out_dtype == "bfloat16":
+        return (bits.astype(xp.uint32) << 16).view(xp.float32)
+    if out_dtype == "float16":
+        return bits.view(xp.float16).astype(xp.float32)
+    raise ValueError(f"out_dtype: must be 'bfloat16' or 'float16' for bit patterns (got {out_dtype!r})")

@@ -106,23 +106,23 @@ def _cuda_status() -> dict:
 
 
 def _backends(cuda: dict) -> list[dict]:
+    """Each backend of the ladder: available here, validated for the default profile, or why not."""
+    from .backends import LADDER, available, validate
+    from .profile import DEFAULT_PROFILE, get_profile
+
     out = []
-    for name in BACKENDS:
-        if name.startswith("cuda"):
-            ok = cuda["reason"] is None and bool(cuda["devices"])
-            out.append({"name": name, "available": ok,
-                        "detail": f"cupy {cuda['cupy']}, {len(cuda['devices'])} CUDA device(s)" if ok
-                        else cuda["reason"]})
-        elif name == "reference":
-            out.append({"name": name, "available": True,
-                        "detail": f"numpy {np.__version__} on the CPU (integer T-FDPA model, single-threaded)"})
-        else:
-            out.append({"name": name, "available": True, "detail": ""})
-    if not any(n.startswith("cuda") for n in BACKENDS):
-        why = "not part of this cpemu build"
-        if cuda["reason"]:
-            why += f"; {cuda['reason']}"
-        out.append({"name": "cuda", "available": False, "detail": why})
+    for name in LADDER:
+        ok, why = available(name)
+        row = {"name": name, "available": ok, "detail": why, "validated": None}
+        if name == "reference":
+            row["detail"] = f"numpy {np.__version__} on the CPU (integer T-FDPA model, the specification)"
+            row["validated"] = True
+        elif ok:
+            try:
+                row["validated"], row["validation"] = validate(name, get_profile(DEFAULT_PROFILE))
+            except Exception as e:  # noqa: BLE001 - info must not crash
+                row["validated"], row["validation"] = False, f"{type(e).__name__}: {e}"
+        out.append(row)
     return out
 
 
@@ -221,8 +221,10 @@ def _print_info(r: dict, cuda: dict):
     echo("")
     echo("Backends:")
     for b in r["backends"]:
-        echo(f"  {b['name']:<10} {'available' if b['available'] else 'not available'}"
-             f"{': ' + b['detail'] if b['detail'] else ''}")
+        state = "available" if b["available"] else "not available"
+        if b["available"] and b["name"] != "reference":
+            state += ", validated" if b["validated"] else f", NOT validated ({b.get('validation')})"
+        echo(f"  {b['name']:<12} {state}{': ' + b['detail'] if b['detail'] else ''}")
     echo("")
     cpu = r["devices"]["cpu"]
     echo("Devices:")
@@ -355,7 +357,9 @@ def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, p
         saved = _save(out_path, y) if out_path else None
     M, K = A.shape
     N = B.shape[1]
-    used_backend = BACKENDS[0] if backend == "auto" else backend
+    from .backends import select
+
+    used_backend = select(backend, prof)
     digest = hashlib.sha256(np.ascontiguousarray(y).tobytes()).hexdigest()
     rec = {"source": source, "M": M, "N": N, "K": K, "a_format": _fmt_name(A), "b_format": _fmt_name(B),
            "profile": prof.name, "backend": used_backend, "out_dtype": out_dtype, "fast_accum": fast_accum,
