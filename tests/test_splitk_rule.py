@@ -8,7 +8,6 @@ derive them.
 
 import glob
 import os
-import sys
 from collections import Counter
 
 import pytest
@@ -16,8 +15,7 @@ import pytest
 import cpemu
 from cpemu.schedule import UnsupportedShape
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-from build_splitk_rule import rows_of  # noqa: E402
+from cpemu.recording.splitk_rule import rows_of
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "h200-splitk")
 FILES = sorted(glob.glob(os.path.join(DATA, "*.json.gz")))

@@ -1,0 +1,14 @@
+"""Recording what a real GPU computes, and turning it into a profile.
+
+Run on a machine with an NVIDIA GPU and torch (``cpemu record`` drives them all):
+
+* :mod:`.truth_recorder` -- torch._scaled_mm outputs for the designed case suites;
+  which malformed calls torch rejects;
+* :mod:`.cublaslt_heuristic` -- cuBLASLt's algorithm choice, asked exactly as torch asks;
+* :mod:`.splitk_table` -- compact split-K tables over many shapes;
+* :mod:`.splitk_rule` -- the profile's split-K rule derived from them, checked on held-out shapes;
+* :mod:`.fit` -- which schedule and epilogue candidates reproduce recorded outputs;
+* :mod:`.import_truth` -- a committed truth folder with its manifest.
+
+Nothing here is imported by ``cpemu`` itself.
+"""
