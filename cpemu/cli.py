@@ -34,7 +34,7 @@ import numpy as np
 from .api import BACKENDS, gemm as _gemm
 from .cases import EVO2_SHAPES, Case, operands, sha256_arrays
 from .formats import FP8_FORMATS, OUT_DTYPES
-from .profile import DEFAULT_PROFILE, Profile, get_profile, load_schema, profiles
+from .profile import DEFAULT_PROFILE, Profile, get_profile, profiles
 
 __all__ = ["main"]
 
@@ -67,11 +67,6 @@ def _resolve_profile(spec: str | None) -> Profile:
     """A shipped profile by name, or a profile JSON file (validated against the schema)."""
     if spec is None:
         spec = DEFAULT_PROFILE
-    if spec.endswith(".json") or os.sep in spec:
-        with open(spec) as f:
-            data = json.load(f)
-        jsonschema.validate(data, load_schema("profile"))
-        return Profile(data["name"], data)
     return get_profile(spec)
 
 

@@ -36,6 +36,17 @@ def load_schema(name: str) -> dict:
 class Profile:
     name: str
     data: dict
+    base_dir: str | None = None  # folder of a profile loaded from a file (for its split-K table)
+
+    @classmethod
+    def from_file(cls, path: str) -> "Profile":
+        """Load and validate a profile JSON file (e.g. one written by ``cpemu record``)."""
+        import os
+
+        with open(path) as f:
+            data = json.load(f)
+        jsonschema.validate(data, load_schema("profile"))
+        return cls(data["name"], data, os.path.dirname(os.path.abspath(path)))
 
     @property
     def instruction(self) -> InstructionModel:
@@ -57,7 +68,7 @@ class Profile:
     def split_rule(self, scaling: str) -> SplitKRule:
         sk = self.mode(scaling)["split_k"]
         return SplitKRule(kind=sk["kind"], granularity=sk.get("granularity", 128), domain=sk.get("domain"),
-                          params=sk.get("params"))
+                          params=sk.get("params"), base_dir=self.base_dir)
 
     def plan(self, M: int, N: int, K: int, fast_accum: bool, scaling: str = "tensorwise",
              a_format: str = "e4m3", b_format: str = "e4m3", out_dtype: str = "bfloat16") -> Plan:
@@ -108,9 +119,11 @@ def profiles() -> list[str]:
 
 
 def get_profile(name: str | Profile = DEFAULT_PROFILE) -> Profile:
-    """Load and validate a shipped profile by name."""
+    """Load and validate a shipped profile by name, or a profile JSON file by path."""
     if isinstance(name, Profile):
         return name
+    if isinstance(name, str) and (name.endswith(".json") or "/" in name):
+        return Profile.from_file(name)
     if name not in profiles():
         raise ValueError(f"profile: unknown profile {name!r}; available: {profiles()}")
     return _load(name)

@@ -64,6 +64,7 @@ class SplitKRule:
     granularity: int = 128
     domain: dict | None = None  # {"M": [lo, hi], "N": [lo, hi], "K": [lo, hi], "extra_NK": [[N, K], ...]}
     params: dict | None = None
+    base_dir: str | None = None  # where params["table_file"] lies; None: the shipped profiles
 
     def splits(self, M: int, N: int, K: int, fast_accum: bool, combo: tuple = ("e4m3", "e4m3", "bfloat16")) -> int:
         """Number of split-K slices; ``combo`` is (a_format, b_format, out_dtype)."""
@@ -79,4 +80,4 @@ class SplitKRule:
             return 1
         from .splitk import splits_from_rule
 
-        return splits_from_rule(self.params or {}, M, N, K, fast_accum, combo)
+        return splits_from_rule(self.params or {}, M, N, K, fast_accum, combo, self.base_dir)

@@ -14,6 +14,7 @@ heuristic answers (``tools/splitk_table.py``, ``tools/build_splitk_rule.py``):
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from importlib import resources
 
@@ -23,16 +24,22 @@ __all__ = ["splits_from_rule", "load_table"]
 
 
 @lru_cache(maxsize=None)
-def load_table(name: str):
-    doc = json.loads(resources.files("cpemu.profile_data").joinpath(name).read_text())
+def load_table(name: str, base_dir: str | None = None):
+    if base_dir is None:
+        text = resources.files("cpemu.profile_data").joinpath(name).read_text()
+    else:
+        with open(os.path.join(base_dir, name)) as f:
+            text = f.read()
+    doc = json.loads(text)
     index = {tuple(s): i for i, s in enumerate(doc["shapes"])}
     return doc, index
 
 
-def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, combo: tuple) -> int:
+def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, combo: tuple,
+                     base_dir: str | None = None) -> int:
     if K <= params["k_max_nosplit"] or M * N >= params["mn_min_nosplit"]:
         return 1
-    doc, index = load_table(params["table_file"])
+    doc, index = load_table(params["table_file"], base_dir)
     a_format, b_format, out_dtype = combo
     key = f"{a_format},{b_format},{out_dtype},{'fast' if fast_accum else 'promo'}"
     i = index.get((M, N, K))

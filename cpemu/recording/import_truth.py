@@ -21,17 +21,18 @@ import jsonschema
 import numpy as np
 
 from cpemu.profile import load_schema
+from cpemu.recording.splitk_rule import rows_of
 from cpemu.truth import file_sha256
 
 
 def heur_index(paths):
+    """(M, N, K, a, b, out, fast, bias, scaling) -> split count, from heuristic query or table files."""
     idx = {}
     for p in paths:
-        for r in json.load(open(p))["rows"]:
-            if r["status"] == "OK":
-                key = (r["M"], r["N"], r["K"], r["a_dtype"], r["b_dtype"], r["out_dtype"], r["fast_accum"],
-                       r["bias"], r["scale_mode"])
-                idx[key] = int(r["splitk_num"])
+        for c, M, N, K, ch in rows_of(p):
+            if ch not in "x?":
+                idx[(M, N, K, c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"], c["bias"],
+                     c["scale_mode"])] = int(ch, 36)
     return idx
 
 
@@ -46,6 +47,12 @@ def heur_index(paths):
               help="for suites named by --thin, keep every n-th case (CI time)")
 @click.option("--thin", "thin", multiple=True)
 def main(srcs, heurs, profile, out_dir, max_elems, drop_tags, keep_every, thin):
+    s = build_truth_folder(srcs, heurs, profile, out_dir, max_elems, drop_tags, keep_every, thin)
+    click.echo(f"{s['cases']} cases ({s['rejected']} rejected by torch), {s['files']} files, {s['mb']:.2f} MB")
+
+
+def build_truth_folder(srcs, heurs, profile, out_dir, max_elems=4096, drop_tags=(), keep_every=1, thin=()) -> dict:
+    """Write ``out_dir``: the recorded suites' npz files and a validated manifest."""
     os.makedirs(out_dir, exist_ok=True)
     prov = json.load(open(os.path.join(srcs[0], "provenance.json")))
     hidx = heur_index(heurs)
@@ -94,8 +101,8 @@ def main(srcs, heurs, profile, out_dir, max_elems, drop_tags, keep_every, thin):
     with open(tmp, "w") as f:
         json.dump(man, f, indent=0)
     os.replace(tmp, os.path.join(out_dir, "manifest.json"))
-    click.echo(f"{len(cases)} cases ({sum('error' in c for c in cases)} rejected by torch), "
-               f"{len(files)} files, {sum(os.path.getsize(os.path.join(out_dir, f)) for f in files) / 1e6:.2f} MB")
+    return {"cases": len(cases), "rejected": sum("error" in c for c in cases), "files": len(files),
+            "mb": sum(os.path.getsize(os.path.join(out_dir, f)) for f in files) / 1e6}
 
 
 if __name__ == "__main__":

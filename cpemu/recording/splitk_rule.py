@@ -58,14 +58,28 @@ def predicates(k_max, mn_min):
               help="M*N threshold; default: the next power of two above the largest split M*N seen when deriving")
 @click.option("--out", "out_path", required=True)
 def main(derive_files, check_files, mn_min, out_path):
+    try:
+        build(derive_files, check_files, mn_min, out_path)
+    except ValueError as e:
+        raise SystemExit(str(e))
+
+
+def build(derive_files, check_files, mn_min, out_path, echo=click.echo) -> dict:
+    """Derive the thresholds from ``derive_files``, check them on all files, write the table file.
+
+    Returns the rule report; raises ValueError when a threshold is violated or bias changes
+    an answer."""
     split_rows = [r for f in derive_files for r in rows_of(f) if r[4] not in "1x"]
     all_k = sorted({r[3] for f in derive_files for r in rows_of(f)})
-    min_split_k = min(r[3] for r in split_rows)
+    if not split_rows:  # this library never split K on the grid: the rule covers the grid's K range
+        min_split_k, max_mn = all_k[-1] + 1, 0
+    else:
+        min_split_k = min(r[3] for r in split_rows)
+        max_mn = max(r[1] * r[2] for r in split_rows)
     k_max = max(k for k in all_k if k < min_split_k)  # largest K recorded below the first split
-    max_mn = max(r[1] * r[2] for r in split_rows)
     if mn_min is None:
-        mn_min = 1 << max_mn.bit_length()
-    click.echo(f"derived from {len(derive_files)} file(s): split-K seen for K >= {min_split_k}, "
+        mn_min = 1 << max_mn.bit_length() if max_mn else 1 << 62
+    echo(f"derived from {len(derive_files)} file(s): split-K seen for K >= {min_split_k}, "
                f"largest K without split below it {k_max}; largest split M*N {max_mn} -> threshold {mn_min}")
     preds = predicates(k_max, mn_min)
     report = {"derived_from": [os.path.basename(f) for f in derive_files], "k_max_nosplit": k_max,
@@ -81,10 +95,10 @@ def main(derive_files, check_files, mn_min, out_path):
                         viol[name] += 1
         report["checks"][os.path.basename(f)] = {"queries": n, "held_out": f in check_files,
                                                  "support": dict(support), "violations": dict(viol)}
-        click.echo(f"{os.path.basename(f)}: {n} queries; predicate support {dict(support)}; "
+        echo(f"{os.path.basename(f)}: {n} queries; predicate support {dict(support)}; "
                    f"violations {dict(viol) or 'none'}")
         if viol:
-            raise SystemExit(f"rule violated in {f}: {dict(viol)}")
+            raise ValueError(f"rule violated in {f}: {dict(viol)}")
     # Bias must not change the answer (checked on every file), then the table.
     by_bias = defaultdict(dict)
     table = defaultdict(dict)
@@ -98,11 +112,11 @@ def main(derive_files, check_files, mn_min, out_path):
                 continue
             prev = table[key].get((M, N, K))
             if prev is not None and prev != ch:
-                raise SystemExit(f"inconsistent answers for {key} {(M, N, K)}: {prev} vs {ch}")
+                raise ValueError(f"inconsistent answers for {key} {(M, N, K)}: {prev} vs {ch}")
             table[key][(M, N, K)] = ch
     bias_diff = sum(1 for v in by_bias.values() if len(v) == 2 and v[True] != v[False])
     if bias_diff:
-        raise SystemExit(f"bias changes the split-K answer for {bias_diff} shapes: key the table by bias")
+        raise ValueError(f"bias changes the split-K answer for {bias_diff} shapes: key the table by bias")
     report["bias_invariance_pairs"] = sum(1 for v in by_bias.values() if len(v) == 2)
     shapes = sorted({s for t in table.values() for s in t})
     index = {s: i for i, s in enumerate(shapes)}
@@ -119,8 +133,9 @@ def main(derive_files, check_files, mn_min, out_path):
     with open(tmp, "w") as fh:
         json.dump(doc, fh, separators=(",", ":"))
     os.replace(tmp, out_path)
-    click.echo(f"wrote {out_path}: {len(shapes)} shapes x {len(tables)} combos; "
-               f"bias-invariance checked on {report['bias_invariance_pairs']} pairs")
+    echo(f"wrote {out_path}: {len(shapes)} shapes x {len(tables)} combos; "
+         f"bias-invariance checked on {report['bias_invariance_pairs']} pairs")
+    return report
 
 
 if __name__ == "__main__":

@@ -88,12 +88,19 @@ def record(grids, n_random, seed, region, evo2, extra, combo_set, out_path):
     for s in extra:
         shapes.append(tuple(int(x) for x in s.split(",")))
     shapes = list(dict.fromkeys(shapes))
-    cs = combos(combo_set)
+    doc = query_table(shapes, combos(combo_set))
+    ch._write_json_atomic(out_path, doc)
+    click.echo(f"[splitk] wrote {out_path}: {len(shapes)} shapes x {len(doc['combos'])} combos in {doc['seconds']}s",
+               err=True)
+
+
+def query_table(shapes, cs, progress=None) -> dict:
+    """Ask the heuristic (top-1, as torch asks) for every shape x option combination."""
     rt = ch.Runtime()
     with tempfile.TemporaryDirectory() as wd:
         ws, ws_source, _ = ch.resolve_workspace("auto", rt.info, wd, None, 300.0)
     rt.open_handle()
-    ptrs = rt.pointers(16384, 24576)
+    ptrs = rt.pointers(max(16384, max(s[0] for s in shapes)), max(24576, max(s[1] for s in shapes)))
     t0 = time.time()
     table, schemes = [], set()
     total = len(cs) * len(shapes)
@@ -110,16 +117,17 @@ def record(grids, n_random, seed, region, evo2, extra, combo_set, out_path):
             chars.append(DIGITS[s])
         table.append("".join(chars))
         done = (ci + 1) * len(shapes)
-        click.echo(f"[splitk] {done}/{total} {time.time() - t0:.0f}s", err=True)
+        if progress:
+            progress(done, total)
+        else:
+            click.echo(f"[splitk] {done}/{total} {time.time() - t0:.0f}s", err=True)
     rt.close()
-    doc = {"tool": "tools/splitk_table.py", "query": "tools/cublaslt_heuristic.py query_case (torch 2.11 config)",
-           "runtime": {k: rt.info.get(k) for k in ("cublaslt_version", "library_path", "torch_version",
-                                                    "device_name", "sm_count", "compute_capability")},
-           "workspace_bytes": ws, "workspace_source": ws_source, "reduction_schemes_when_split": sorted(schemes),
-           "combos": cs, "shapes": shapes, "splits": table, "seconds": round(time.time() - t0, 1)}
-    ch._write_json_atomic(out_path, doc)
-    click.echo(f"[splitk] wrote {out_path}: {len(shapes)} shapes x {len(cs)} combos in {doc['seconds']}s", err=True)
-
+    return {"tool": "cpemu.recording.splitk_table", "query": "cpemu.recording.cublaslt_heuristic.query_case "
+                                                            "(torch 2.11 configuration)",
+            "runtime": {k: rt.info.get(k) for k in ("cublaslt_version", "library_path", "torch_version",
+                                                     "device_name", "sm_count", "compute_capability")},
+            "workspace_bytes": ws, "workspace_source": ws_source, "reduction_schemes_when_split": sorted(schemes),
+            "combos": cs, "shapes": shapes, "splits": table, "seconds": round(time.time() - t0, 1)}
 
 if __name__ == "__main__":
     cli()
