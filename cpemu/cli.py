@@ -402,7 +402,8 @@ def _fmt_name(x: np.ndarray) -> str:
 @click.option("--backend", default="auto", show_default=True)
 @click.option("--show", type=int, default=10, show_default=True, help="How many mismatches/errors to list.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
-def verify(truth_dir, profile_spec, backend, show, as_json):
+@click.option("--jobs", default=1, show_default=True, help="Processes (the reference backend is single-threaded).")
+def verify(truth_dir, profile_spec, backend, show, as_json, jobs):
     """Recompute a GPU truth recording (TRUTH_DIR/manifest.json) and compare bits.
 
     Exits 1 on any mismatch or error.
@@ -426,7 +427,7 @@ def verify(truth_dir, profile_spec, backend, show, as_json):
                 click.echo(f"\r  {done}/{total} cases: " + ", ".join(f"{s} {seen[s]}" for s in STATUSES)
                            + f"  ({time.perf_counter() - t0:.0f} s)", err=True, nl=not tty)
 
-        results, counts = verify_folder(truth_dir, profile=prof, backend=backend, progress=progress)
+        results, counts = verify_folder(truth_dir, profile=prof, backend=backend, progress=progress, jobs=jobs)
         if tty:
             click.echo("", err=True)
     totals = Counter(r.status for r in results)
@@ -458,3 +459,56 @@ def verify(truth_dir, profile_spec, backend, show, as_json):
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+# --------------------------------------------------------------------------- record
+
+@main.command()
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for the recordings, the profile and the report (a rerun resumes).")
+@click.option("--base-profile", default="hopper-h200-torch", show_default=True,
+              help="Profile whose instruction model and schedule the new one starts from "
+                   "(e.g. ada-rtx4060-torch on an RTX 4060).")
+@click.option("--name", default=None, help="Profile name (arch-device-torch); derived from the GPU by default.")
+@click.option("--suite", "suites", multiple=True, help="Truth suites to record (default: all).")
+@click.option("--heldout", default=3000, show_default=True, help="Random held-out shapes per sample for the split-K check.")
+@click.option("--jobs", default=os.cpu_count() or 1, show_default=True, help="Processes for the final verification.")
+def record(out_dir, base_profile, name, suites, heldout, jobs):
+    """Record this GPU's torch._scaled_mm numerics into a new profile and truth folder.
+
+    Needs an NVIDIA GPU and torch. Writes OUT/profile/<name>.json (+ its split-K table),
+    OUT/truth (recordings with a manifest), OUT/raw (everything asked), OUT/report.json.
+    Use the profile with `--profile OUT/profile/<name>.json` or `cpemu.gemm(profile=path)`.
+    """
+    from .cases import SUITES
+    from .recording.record import record as run_record
+
+    def progress(label):
+        state = {"last": -1}
+
+        def cb(done, total):
+            pct = int(100 * done / max(1, total))
+            if pct != state["last"] and (pct % 5 == 0 or done == total):
+                state["last"] = pct
+                click.echo(f"\r[record] {label}: {done}/{total} ({pct}%)", err=True, nl=done == total)
+        return cb
+
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.ClickException("cpemu record needs a CUDA GPU visible to torch (torch.cuda.is_available() "
+                                       "is False)")
+    except ImportError as e:
+        raise click.ClickException("cpemu record needs torch with CUDA: pip install torch") from e
+    with _clean_errors():
+        rep = run_record(out_dir, base_profile, name, tuple(suites) or SUITES, heldout,
+                         echo=lambda m: click.echo(m, err=True), progress=progress, jobs=jobs)
+    click.echo(f"profile {rep['profile']}: {rep['status']}; truth {rep['truth']['cases']} calls "
+               f"({rep['truth']['rejected']} rejected by torch); split-K thresholds K <= "
+               f"{rep['split_k_rule']['k_max_nosplit']}, M*N >= {rep['split_k_rule']['mn_min_nosplit']}")
+    for a in rep.get("attempts", []):
+        click.echo(f"  schedule {a['candidate'] or 'of the base profile'}: {a['status']}")
+    click.echo(f"report: {os.path.join(out_dir, 'report.json')}")
+    if rep["status"] != "recorded":
+        sys.exit(1)

@@ -113,23 +113,46 @@ def check_case(rec: dict, bits: np.ndarray | None, profile: str, backend: str = 
     return CaseResult(case.id, "mismatch", "; ".join(lines), len(bad))
 
 
-def verify_folder(folder: str, profile: str | None = None, backend: str = "auto", progress=None):
-    """Check every case of a truth folder; returns (results, per-feature Counter of (feature, status))."""
+def _check_one(args):
+    rec, bits, profile, backend = args
+    return check_case(rec, bits, profile, backend)
+
+
+def verify_folder(folder: str, profile=None, backend: str = "auto", progress=None, jobs: int = 1):
+    """Check every case of a truth folder; returns (results, per-feature Counter of (feature, status)).
+
+    ``jobs`` > 1 checks cases in that many processes (the reference is single-threaded)."""
     man = load_manifest(folder)
     profile = profile or man["profile"]
-    results, counts = [], Counter()
-    cache: dict[str, np.lib.npyio.NpzFile] = {}
-    for rec in man["cases"]:
-        bits = None
-        if rec.get("stored") == "bits":
-            fname = rec["file"]
-            if fname not in cache:
-                cache[fname] = np.load(os.path.join(folder, fname))
-            bits = cache[fname][rec["id"]]
-        r = check_case(rec, bits, profile, backend)
-        results.append(r)
+    cache: dict = {}
+
+    def bits_of(rec):
+        if rec.get("stored") != "bits":
+            return None
+        fname = rec["file"]
+        if fname not in cache:
+            cache[fname] = np.load(os.path.join(folder, fname))
+        return cache[fname][rec["id"]]
+
+    work = [(rec, bits_of(rec), profile, backend) for rec in man["cases"]]
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs) as ex:
+            it = ex.map(_check_one, work, chunksize=4)
+            results = []
+            for r in it:
+                results.append(r)
+                if progress:
+                    progress(r)
+    else:
+        results = []
+        for w in work:
+            results.append(_check_one(w))
+            if progress:
+                progress(results[-1])
+    counts = Counter()
+    for rec, r in zip(man["cases"], results):
         for feat in features_of(rec):
             counts[(feat, r.status)] += 1
-        if progress:
-            progress(r)
     return results, counts

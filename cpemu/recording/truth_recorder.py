@@ -143,21 +143,31 @@ def record(suites, out_dir, repeats):
     os.makedirs(out_dir, exist_ok=True)
     _write_json(os.path.join(out_dir, "provenance.json"), provenance())
     for name in suites or SUITES:
-        cases = suite(name)
-        bits, recs = {}, []
-        t0 = time.time()
-        for i, case in enumerate(cases):
-            y, rec = run_case(case, repeats)
-            if y is not None:
-                bits[case.id] = y
-            recs.append(rec)
-            if (i + 1) % 20 == 0 or i + 1 == len(cases):
-                print(f"[{name}] {i + 1}/{len(cases)} {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
-        np.savez_compressed(os.path.join(out_dir, f"{name}.npz"), **bits)
-        _write_json(os.path.join(out_dir, f"{name}.json"), {"suite": name, "cases": recs})
+        recs = record_suite(name, out_dir, repeats)
         nerr = sum("error" in r for r in recs)
         nnd = sum(not r.get("deterministic", True) for r in recs)
         print(f"[{name}] {len(recs)} cases, {nerr} rejected by torch, {nnd} nondeterministic", flush=True)
+
+
+def record_suite(name: str, out_dir: str, repeats: int = 2, progress=None) -> list[dict]:
+    """Record one suite into ``out_dir/<name>.npz`` and ``<name>.json`` (written last, atomically)."""
+    cases = suite(name)
+    bits, recs = {}, []
+    t0 = time.time()
+    for i, case in enumerate(cases):
+        y, rec = run_case(case, repeats)
+        if y is not None:
+            bits[case.id] = y
+        recs.append(rec)
+        if progress:
+            progress(i + 1, len(cases))
+        elif (i + 1) % 20 == 0 or i + 1 == len(cases):
+            print(f"[{name}] {i + 1}/{len(cases)} {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
+    tmp = os.path.join(out_dir, f"{name}.tmp.npz")
+    np.savez_compressed(tmp, **bits)
+    os.replace(tmp, os.path.join(out_dir, f"{name}.npz"))
+    _write_json(os.path.join(out_dir, f"{name}.json"), {"suite": name, "cases": recs})
+    return recs
 
 
 def _bad_calls():
