@@ -28,8 +28,19 @@ class ProfileFeatureError(ValueError):
 
 
 def load_schema(name: str) -> dict:
-    """A JSON schema shipped with the package (``schemas/<name>.schema.json``)."""
-    return json.loads(resources.files("cpemu.schemas").joinpath(f"{name}.schema.json").read_text())
+    """A JSON schema shipped with the package (``schemas/<name>.schema.json``).
+
+    Installed, the top-level ``schemas/`` folder is the subpackage ``cpemu.schemas``; in a
+    source checkout that is not installed it is read from the folder itself."""
+    try:
+        return json.loads(resources.files("cpemu.schemas").joinpath(f"{name}.schema.json").read_text())
+    except ModuleNotFoundError:
+        import os
+
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "schemas",
+                            f"{name}.schema.json")
+        with open(path) as f:
+            return json.load(f)
 
 
 @dataclass(frozen=True)
