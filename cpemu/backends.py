@@ -36,8 +36,21 @@ def _device_id():
     return int(cupy.cuda.runtime.getDevice())
 
 
+_available: dict = {}
+
+
 def available(name: str) -> tuple[bool, str]:
-    """(available, reason) of a backend on this machine, without running it."""
+    """(available, reason) of a backend on this machine, without running it (cached per process)."""
+    with _lock:
+        if name in _available:
+            return _available[name]
+    result = _available_uncached(name)
+    with _lock:
+        _available[name] = result
+    return result
+
+
+def _available_uncached(name: str) -> tuple[bool, str]:
     if name == "reference":
         return True, "numpy on the CPU"
     if name not in _MODULE:

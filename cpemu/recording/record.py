@@ -99,8 +99,10 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
                           "recorded": datetime.date.today().isoformat(), "recorded_with": "cpemu record",
                           "instruction_model": base.data["instruction"]["source"]}
     tw = data["modes"]["tensorwise"]
+    extra = sorted({(c.N, c.K) for s in suites for c in suite(s) if c.N > 16384 or c.K > 16384})
     tw["split_k"] = {"kind": "rule", "granularity": 128,
-                     "domain": {"M": [1, 16384], "N": [16, 16384], "K": [16, 16384]},
+                     "domain": {"M": [1, 16384], "N": [16, 16384], "K": [16, 16384],
+                                "extra_NK": [list(nk) for nk in extra]},
                      "params": {"k_max_nosplit": rule["k_max_nosplit"], "mn_min_nosplit": rule["mn_min_nosplit"],
                                 "table_file": table_file},
                      "source": "cuBLASLt heuristic (cpemu record), thresholds derived from the grid and checked on "
@@ -127,6 +129,11 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
         status = Counter(r.status for r in results)
         report.setdefault("attempts", []).append({"candidate": cand, "status": dict(status)})
         echo(f"[record] schedule {cand or 'of ' + base.name}: {dict(status)}")
+        if status.get("mismatch", 0) == 0 and status.get("error", 0):
+            report["errors"] = [r.__dict__ for r in results if r.status == "error"][:20]
+            echo(f"[record] {status['error']} recordings could not be checked (see report.json 'errors'); "
+                 "no schedule candidate changes that")
+            break
         if status.get("mismatch", 0) == 0 and status.get("error", 0) == 0:
             trial["verification"] = {
                 "status": "recorded", "truth": "truth",
@@ -138,7 +145,7 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
             report["status"] = "recorded"
             report["features"] = {f"{f}:{s}": n for (f, s), n in sorted(counts.items())}
             break
-    else:
+    if report.get("status") != "recorded":
         data["verification"] = dict(base.data["verification"])
         data["verification"]["method"] += "; cpemu record found recordings no candidate schedule reproduces"
         _write_json(os.path.join(prof_dir, f"{name}.json"), data)
