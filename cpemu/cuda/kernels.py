@@ -1,0 +1,305 @@
+"""Launch wrappers of cpemu's exact CUDA GEMM kernels (cupy).
+
+Two kernel families compute the same bits as :mod:`cpemu.reference`:
+
+* ``"cuda-simple"`` -- ``cuda_src/gemm_simple.cu``: one output per thread, written to be
+  read side by side with the reference (integer T-FDPA steps, same function names);
+* ``"cuda-tiled"`` -- ``cuda_src/gemm_tiled.cu``: 64 x 64 output tiles, 4 x 4 outputs per
+  thread, the step's FP8 codes decoded once per block into shared memory; the truncated
+  sums of Ada/Hopper (F <= 16) on the FP32 pipe with exact round-toward-zero operations,
+  Blackwell's (F = 25) in int64 like the reference.
+
+:func:`gemm_cuda` takes the operands as cupy ``uint8`` code matrices (``a`` (M, K), ``bt``
+(N, K): B transposed, K contiguous), the :class:`~cpemu.schedule.Plan`, the
+:class:`~cpemu.instruction.InstructionModel` and the profile's mode dict (epilogue order,
+NaN bit patterns), and returns a cupy array: ``float32`` for float32 output, ``uint16``
+bit patterns for bfloat16 and float16 output (view them with :func:`as_numpy` or
+``.view``). It launches on cupy's current stream and does not synchronize.
+
+Kernels come from the prebuilt fatbins (``cpemu.cuda.loader.get_function``). With the
+environment variable ``CPEMU_CUDA_FROM_SOURCE=1`` they are compiled instead from
+``cuda_src/*.cu`` of a source checkout by NVRTC through ``cupy.RawModule`` (for
+development and debugging on a GPU machine), with the same IEEE flags as the fatbin build.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..formats import CANONICAL_NAN, OUT_DTYPES, FP8Format, fp8_format
+from ..instruction import InstructionModel
+from ..schedule import Plan
+
+__all__ = ["FAMILIES", "KERNELS", "OUT_KIND", "EPILOGUE_ORDERS", "FROM_SOURCE_ENV", "gemm_cuda", "get_kernel",
+           "as_numpy", "source_path", "available"]
+
+#: kernel family -> (module = cuda_src/<module>.cu = bin/<module>.fatbin, kernel name)
+KERNELS = {
+    "cuda-simple": ("gemm_simple", "cpemu_gemm_simple"),
+    "cuda-tiled": ("gemm_tiled", "cpemu_gemm_tiled"),
+}
+FAMILIES = tuple(KERNELS)
+
+#: out_kind argument of the kernels
+OUT_KIND = {"float32": 0, "bfloat16": 1, "float16": 2}
+#: ep_order argument of the kernels (the profile's mode["epilogue"]["order"])
+EPILOGUE_ORDERS = {"acc*(sa*sb)": 0, "(acc*sa)*sb": 1, "(acc*sb)*sa": 2}
+
+FROM_SOURCE_ENV = "CPEMU_CUDA_FROM_SOURCE"
+#: NVRTC options of the development path: the IEEE flags of tools/build_fatbin.py (cupy
+#: adds the architecture of the current device itself).
+SOURCE_OPTIONS = ("--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
+
+#: Tiled kernel geometry (must match gemm_tiled.cu).
+TILE_M, TILE_N, TILED_THREADS = 64, 64, 256
+SIMPLE_THREADS = 128
+#: K, the slice bounds and L must be multiples of this (8-byte loads of codes).
+K_ALIGN = 8
+
+_CUPY_HINT = "pip install 'cpemu[cuda12]' or 'cpemu[cuda13]'"
+_lock = threading.Lock()
+_cache: dict = {}
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise ImportError(f"the CUDA backends need cupy ({_CUPY_HINT}): {e}") from None
+    return cupy
+
+
+def source_path(module: str) -> Path:
+    """``cuda_src/<module>.cu`` of the source checkout this package lives in."""
+    return Path(__file__).resolve().parents[2] / "cuda_src" / f"{module}.cu"
+
+
+def _from_source() -> bool:
+    return os.environ.get(FROM_SOURCE_ENV, "") == "1"
+
+
+def get_kernel(kernel_family: str, defines: tuple = ()):
+    """The ``cupy.RawKernel`` of ``kernel_family`` on the current device (cached).
+
+    From the verified fatbin, or compiled from ``cuda_src`` when ``CPEMU_CUDA_FROM_SOURCE=1``
+    or when ``defines`` (extra ``-D`` options, for tuning experiments) are given.
+    """
+    if kernel_family not in KERNELS:
+        raise ValueError(f"kernel_family: must be one of {FAMILIES} (got {kernel_family!r})")
+    cupy = _cupy()
+    module, name = KERNELS[kernel_family]
+    dev = cupy.cuda.Device().id
+    src = _from_source() or bool(defines)
+    key = (kernel_family, dev, src, tuple(defines))
+    with _lock:
+        fn = _cache.get(key)
+        if fn is None:
+            if src:
+                path = source_path(module)
+                if not path.is_file():
+                    raise FileNotFoundError(
+                        f"{FROM_SOURCE_ENV}=1 needs the CUDA sources of a checkout: {path} is missing")
+                opts = SOURCE_OPTIONS + tuple(f"-D{d}" for d in defines)
+                mod = cupy.RawModule(code=path.read_text(), options=opts, name_expressions=None)
+                fn = mod.get_function(name)
+            else:
+                from .loader import get_function
+
+                fn = get_function(module, name)
+            _cache[key] = fn
+    return fn
+
+
+def available(kernel_family: str = "cuda-tiled") -> tuple[bool, str]:
+    """``(True, detail)`` if ``kernel_family`` can run here, else ``(False, reason)``; never raises."""
+    try:
+        cupy = _cupy()
+        n = cupy.cuda.runtime.getDeviceCount()
+        if n < 1:
+            return False, "no CUDA GPU"
+    except Exception as e:
+        return False, f"{type(e).__name__}: {e}"
+    if _from_source():
+        module = KERNELS.get(kernel_family, (None,))[0]
+        if module is None:
+            return False, f"unknown kernel family {kernel_family!r}"
+        p = source_path(module)
+        return (True, f"compiled from {p}") if p.is_file() else (False, f"{p} is missing")
+    from .loader import module_status
+
+    return module_status(KERNELS[kernel_family][0]) if kernel_family in KERNELS else (
+        False, f"unknown kernel family {kernel_family!r}")
+
+
+# ---------------------------------------------------------------- argument checks
+
+
+def _fail(arg: str, rule: str, got) -> None:
+    raise ValueError(f"{arg}: {rule} (got {got})")
+
+
+def _codes(x, name: str, cupy, device: int | None):
+    if not isinstance(x, cupy.ndarray):
+        _fail(name, "must be a cupy array of uint8 FP8 codes", type(x).__name__)
+    if x.dtype != np.uint8:
+        _fail(name, "dtype must be uint8 (FP8 codes; view float8 data as uint8)", x.dtype)
+    if x.ndim != 2:
+        _fail(name, "must be a 2-D matrix", f"shape {x.shape}")
+    if not x.flags.c_contiguous:
+        _fail(name, "must be C-contiguous (row-major, K contiguous)", f"strides {x.strides}")
+    if device is not None and x.device.id != device:
+        _fail(name, f"must be on the same device as a_codes (device {device})", f"device {x.device.id}")
+    if x.data.ptr % 16:  # 8-byte vector loads of the tiled kernel
+        x = x.copy()
+    return x
+
+
+def _vector(x, name: str, cupy, device: int, length_ok, what: str):
+    """A float32 argument (numpy or cupy) as a contiguous 1-D cupy array on ``device``."""
+    if isinstance(x, cupy.ndarray):
+        if x.device.id != device:
+            _fail(name, f"must be on the same device as a_codes (device {device})", f"device {x.device.id}")
+        arr = x
+    elif isinstance(x, (np.ndarray, np.floating)):
+        arr = np.asarray(x)
+    else:
+        _fail(name, f"must be a numpy or cupy float32 array ({what})", type(x).__name__)
+    if arr.dtype != np.float32:
+        _fail(name, f"dtype must be float32 ({what})", arr.dtype)
+    if not length_ok(arr.shape):
+        _fail(name, f"must have {what}", f"shape {arr.shape}")
+    with cupy.cuda.Device(device):
+        return cupy.ascontiguousarray(cupy.asarray(arr).reshape(-1))
+
+
+def _fmt(f, name: str) -> FP8Format:
+    fmt = fp8_format(f)
+    if fmt is None:
+        _fail(name, "must be an FP8 format: 'e4m3' or 'e5m2' (or an FP8Format)", repr(f))
+    return fmt
+
+
+# ---------------------------------------------------------------- the GEMM
+
+
+def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: Plan, model: InstructionModel,
+              mode: dict, scale_a, scale_b, bias_f32, out_dtype: str, *, defines: tuple = ()):
+    """Exact ``(a @ b) * scales (+ bias)`` on the GPU, bit for bit the reference's.
+
+    ``a_codes`` (M, K) and ``bt_codes`` (N, K): C-contiguous cupy ``uint8`` arrays of FP8
+    codes on the current device (``bt`` is B transposed); ``a_format``/``b_format``:
+    ``"e4m3"``/``"e5m2"`` or :class:`~cpemu.formats.FP8Format`; ``plan``: the schedule
+    (:meth:`cpemu.profile.Profile.plan`); ``model``: the instruction model; ``mode``: the
+    profile's mode dict (``mode["epilogue"]["order"]``, optional ``mode["nan_bits"]``);
+    ``scale_a``/``scale_b``: numpy or cupy float32 of one element (tensorwise), or of
+    shape (M, 1) / (1, N) (rowwise); ``bias_f32``: None or a float32 (N,) array (bf16/fp16
+    bias widened exactly); ``out_dtype``: ``"bfloat16"``, ``"float16"`` or ``"float32"``.
+
+    Returns a C-contiguous cupy (M, N) array: ``float32`` for float32 output, ``uint16`` bit
+    patterns for bfloat16 and float16 (NaN written as the profile's ``nan_bits``). The kernel
+    runs on cupy's current stream; the call does not synchronize. ``defines``: extra macros
+    (``"NAME=VALUE"``) to compile the kernel from source with, for tuning experiments only.
+    """
+    if kernel_family not in KERNELS:
+        _fail("kernel_family", f"must be one of {FAMILIES}", repr(kernel_family))
+    cupy = _cupy()
+    if not isinstance(a_codes, cupy.ndarray):
+        _fail("a_codes", "must be a cupy array of uint8 FP8 codes", type(a_codes).__name__)
+    device = a_codes.device.id
+    a = _codes(a_codes, "a_codes", cupy, None)
+    bt = _codes(bt_codes, "bt_codes", cupy, device)
+    M, K = a.shape
+    N, K2 = bt.shape
+    if K2 != K:
+        _fail("bt_codes", f"must have shape (N, K) with K = a_codes.shape[1] = {K}", f"shape {bt.shape}")
+    if K % 16 or K == 0:
+        _fail("a_codes", "K must be a positive multiple of 16", K)
+    if N == 0:
+        _fail("bt_codes", "N must be positive", N)
+    fa, fb = _fmt(a_format, "a_format"), _fmt(b_format, "b_format")
+    if not isinstance(model, InstructionModel):
+        _fail("model", "must be a cpemu.instruction.InstructionModel", type(model).__name__)
+    L, F, R = int(model.L), int(model.F), int(model.result_fraction_bits)
+    if L % K_ALIGN or not 0 < L <= 32:
+        _fail("model", f"L must be a multiple of {K_ALIGN} between 8 and 32", L)
+    if not fa.frac_bits + fb.frac_bits <= F <= 29:
+        _fail("model", f"F must lie in [{fa.frac_bits + fb.frac_bits}, 29] for these formats", F)
+    if not 0 <= R <= 23:
+        _fail("model", "the result rounding must keep 0 to 23 fraction bits", R)
+    if not isinstance(plan, Plan):
+        _fail("plan", "must be a cpemu.schedule.Plan", type(plan).__name__)
+    slices = [(int(k0), int(k1)) for k0, k1 in plan.slices]
+    if not slices:
+        _fail("plan", "must have at least one slice", plan.slices)
+    for k0, k1 in slices:
+        if not 0 <= k0 < k1 <= K or k0 % K_ALIGN or k1 % K_ALIGN:
+            _fail("plan", f"slices must be non-empty ranges within [0, K={K}] with bounds multiple of {K_ALIGN}",
+                  plan.slices)
+    promotion = 0 if plan.promotion is None else int(plan.promotion)
+    if plan.promotion is not None and promotion <= 0:
+        _fail("plan", "promotion must be None (fast accumulation) or a positive number of steps", plan.promotion)
+    try:
+        order = EPILOGUE_ORDERS[mode["epilogue"]["order"]]
+    except (KeyError, TypeError):
+        _fail("mode", f"mode['epilogue']['order'] must be one of {sorted(EPILOGUE_ORDERS)}",
+              repr(mode.get("epilogue") if isinstance(mode, dict) else mode))
+    if out_dtype not in OUT_KIND:
+        _fail("out_dtype", f"must be one of {sorted(OUT_KIND)}", repr(out_dtype))
+    nan_bits = (mode.get("nan_bits") or {}).get(out_dtype)
+    nan_bits = CANONICAL_NAN[out_dtype] if nan_bits is None else int(nan_bits)
+
+    sa = _vector(scale_a, "scale_a", cupy, device, lambda s: int(np.prod(s)) == 1 or s == (M, 1),
+                 f"one element (tensorwise) or shape (M, 1) = ({M}, 1) (rowwise)")
+    sb = _vector(scale_b, "scale_b", cupy, device, lambda s: int(np.prod(s)) == 1 or s == (1, N),
+                 f"one element (tensorwise) or shape (1, N) = (1, {N}) (rowwise)")
+    sa_stride = 0 if sa.size == 1 else 1
+    sb_stride = 0 if sb.size == 1 else 1
+    if bias_f32 is None:
+        has_bias = 0
+        with cupy.cuda.Device(device):
+            bias = cupy.zeros(1, dtype=cupy.float32)
+    else:
+        has_bias = 1
+        bias = _vector(bias_f32, "bias_f32", cupy, device, lambda s: s == (N,), f"shape (N,) = ({N},)")
+
+    with cupy.cuda.Device(device):
+        out = cupy.empty((M, N), dtype=cupy.float32 if out_dtype == "float32" else cupy.uint16)
+        if M == 0:
+            return out
+        sl = cupy.asarray(np.asarray(slices, dtype=np.int32).reshape(-1))
+        fn = get_kernel(kernel_family, tuple(defines))
+        i32 = np.int32
+        args = [a, bt, i32(M), i32(N), i32(K), i32(fa.name == "e5m2"), i32(fb.name == "e5m2"), i32(L), i32(F),
+                i32(R), i32(model.e_zero), sl, i32(len(slices)), i32(promotion), sa, i32(sa_stride), sb,
+                i32(sb_stride), i32(order), bias, i32(has_bias), out, i32(OUT_KIND[out_dtype]), np.uint32(nan_bits)]
+        if kernel_family == "cuda-simple":
+            total = M * N
+            grid = (min((total + SIMPLE_THREADS - 1) // SIMPLE_THREADS, 1 << 20), 1, 1)
+            fn(grid, (SIMPLE_THREADS, 1, 1), tuple(args))
+        else:
+            need_ws = promotion > 0 or len(slices) > 1
+            ws = cupy.empty(2 * M * N if need_ws else 1, dtype=cupy.float32)
+            grid = ((N + TILE_N - 1) // TILE_N, (M + TILE_M - 1) // TILE_M, 1)
+            if grid[1] > 65535:
+                _fail("a_codes", f"M must be at most {65535 * TILE_M} for the tiled kernel", M)
+            fn(grid, (_tiled_threads(defines), 1, 1), tuple(args + [ws]))
+    return out
+
+
+def _tiled_threads(defines) -> int:
+    """Threads of a block of the tiled kernel: (64 / CPT_TM) * (64 / CPT_TN), 4 x 4 unless
+    a tuning build defines them otherwise."""
+    d = dict(str(x).split("=", 1) for x in defines if "=" in str(x))
+    tm, tn = int(d.get("CPT_TM", 4)), int(d.get("CPT_TN", 4))
+    return (TILE_M // tm) * (TILE_N // tn)
+
+
+def as_numpy(result, out_dtype: str) -> np.ndarray:
+    """A :func:`gemm_cuda` result copied to the host as a numpy array of ``out_dtype``
+    (ml_dtypes bfloat16, float16 or float32), like :func:`cpemu.gemm` returns."""
+    host = result.get() if hasattr(result, "get") else np.asarray(result)
+    return host.view(OUT_DTYPES[out_dtype])

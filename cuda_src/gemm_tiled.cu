@@ -1,0 +1,661 @@
+// cpemu: the tiled exact FP8 GEMM kernel.
+//
+// Same numbers as cuda_src/gemm_simple.cu and cpemu/reference.py (tfdpa, chain, accumulate,
+// epilogue), computed faster: a block owns a CPT_BM x CPT_BN tile of outputs, each thread
+// CPT_TM x CPT_TN of them; for every T-FDPA step (L products along K) the block decodes the
+// step's FP8 codes of A and B once into shared memory (value, sign word, exponent), and each
+// thread runs the step for its outputs from there.
+//
+// One step for one output (reference.tfdpa), in two passes over the L products:
+//
+// 1. e_max = max(e_a + e_b over the nonzero products, exponent of c). Zero, NaN and Inf
+//    codes carry the exponent CPT_SENT, far below anything that can decide e_max (the same
+//    trick as reference.ZERO_EXP). On sm_90 the exponents are packed two per 32-bit word
+//    and one DPX instruction (__viaddmax_s16x2: max(a + b, c) per 16-bit lane) updates two
+//    outputs.
+//
+// 2. The truncated sum. Fast path (F <= 16, i.e. Ada and Hopper: F = 13): every term is
+//    truncated toward zero to the grid 2**g, g = e_max - F, by one IEEE round-toward-zero
+//    fused multiply-add against the constant Cs = +-2**(g + 23) (sign of the product):
+//        T = RZ(a * b + Cs) - Cs
+//    exact because a*b has at most 8 significant bits, |a*b| < 2**(e_max + 2) <= 2**(g + 23)
+//    (so a*b + Cs lies in [2**(g+23), 2**(g+24)) in magnitude, whose ulp is 2**g) and the
+//    difference is exact (Sterbenz). All terms are multiples of 2**g below 2**(g + 21) in
+//    magnitude, so their FP32 sum is exact; rounding the sum toward zero to R fraction bits
+//    with the floor at 2**-126 is then clearing the low 23 - R bits of its FP32 encoding
+//    (which also handles subnormals exactly). This is the same integer
+//    `(P << S0) >> (e_max - E)` of the reference, done on the FP32 pipe; only IEEE-defined
+//    operations with explicit rounding modes (PTX fma.rz, add.rn, sub.rn without .ftz)
+//    are used, so the bits do not depend on the GPU or on compiler flags.
+//    Integer path (F > 16, Blackwell's F = 25): the reference's int64 arithmetic verbatim.
+//
+// NaN/Inf: each step records per row of A and per column of B whether its L codes hold a
+// NaN or an Inf; outputs touched by one (or whose accumulator is not finite) are
+// finished by cpt_specials (reference._specials), which rereads the codes.
+//
+// The schedule (slices, promotion chains, FP32 RN folds) and the epilogue are those of
+// gemm_simple.cu, per output, in the same order. Split-K slices run inside each thread in
+// slice order.
+//
+// Build: NVRTC, no header; the bits do not depend on -ftz or --fmad (see cpt_fmul_rn).
+// Launch: grid (ceil(N / CPT_BN), ceil(M / CPT_BM)), CPT_THREADS threads, static shared
+// memory; requires K, the slice bounds and L to be multiples of 8 (kernels.py checks).
+
+typedef unsigned char cpt_u8;
+typedef unsigned short cpt_u16;
+typedef unsigned int cpt_u32;
+typedef long long cpt_i64;
+typedef unsigned long long cpt_u64;
+
+#ifndef CPT_TM
+#define CPT_TM 4  // outputs per thread along M (even)
+#endif
+#ifndef CPT_TN
+#define CPT_TN 4  // outputs per thread along N (even, multiple of 4 for vector loads)
+#endif
+#ifndef CPT_MINBLOCKS
+#define CPT_MINBLOCKS 2
+#endif
+#define CPT_BM 64
+#define CPT_BN 64
+#define CPT_KT 32  // K elements per shared-memory stage: the largest L
+#define CPT_THREADS ((CPT_BM / CPT_TM) * (CPT_BN / CPT_TN))
+#define CPT_CHUNKS (CPT_BM * CPT_KT / 8)  // 8-byte chunks of codes per operand stage
+#define CPT_SENT (-256)                     // exponent of zero / NaN / Inf codes
+
+static_assert(CPT_TM % 4 == 0 && CPT_TN % 4 == 0, "outputs per thread: multiples of 4 (float4 loads, DPX pairs)");
+static_assert(CPT_CHUNKS % CPT_THREADS == 0, "every thread loads whole 8-byte chunks");
+
+#define CPT_OUT_F32 0
+#define CPT_OUT_BF16 1
+#define CPT_OUT_F16 2
+#define CPT_EP_ACC_SASB 0
+#define CPT_EP_ACC_SA_SB 1
+#define CPT_EP_ACC_SB_SA 2
+
+// One K stage of one operand, transposed ([k][row]) so that a thread's rows are contiguous.
+struct CptTile {
+    float v[CPT_KT][CPT_BM];    // fast path: the signed value; integer path: the significand bits
+    cpt_u32 s[CPT_KT][CPT_BM];  // sign word: 0 or 0x80000000
+    short e[CPT_KT][CPT_BM];    // exponent, CPT_SENT for m == 0
+    cpt_u32 flag[CPT_BM];       // byte q: a NaN or Inf among the codes of chunk q of the row
+};
+
+struct CptShared {
+    CptTile a, b;
+    cpt_u32 lut_v[2][256];  // per operand (0: A, 1: B) and code: value / significand bits
+    short lut_e[2][256];    // exponent or CPT_SENT
+    cpt_u8 lut_sp[2][256];  // 1 for NaN / Inf codes
+};
+
+// ------------------------------------------------------------------------ IEEE FP32
+// Every FP32 operation of this file is one of these PTX instructions without .ftz: IEEE
+// results with subnormals kept, whatever the compiler's -ftz / --fmad flags (cupy's NVRTC
+// wrapper appends -ftz=true; the intrinsics __fmul_rn, __fadd_rz, ... would then flush).
+__device__ __forceinline__ float cpt_fmul_rn(float a, float b) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ float cpt_fadd_rn(float a, float b) {
+    float r;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ float cpt_fsub_rn(float a, float b) {
+    float r;
+    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ float cpt_fadd_rz(float a, float b) {
+    float r;
+    asm("add.rz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+// a * b + c computed exactly, rounded once toward zero
+__device__ __forceinline__ float cpt_fma_rz(float a, float b, float c) {
+    float r;
+    asm("fma.rz.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+}
+
+// ------------------------------------------------------------------------ formats
+
+// formats._build_tables for one code; is_e5m2 = 0: e4m3 (fn), 1: e5m2.
+__device__ __forceinline__ void cpt_decode(cpt_u32 code, int is_e5m2, int* sign, int* m, int* e, int* nan,
+                                           int* inf) {
+    const int fb = is_e5m2 ? 2 : 3;
+    const int eb = is_e5m2 ? 5 : 4;
+    const int bias = is_e5m2 ? 15 : 7;
+    const int efield = (int)((code >> fb) & ((1u << eb) - 1u));
+    const int frac = (int)(code & ((1u << fb) - 1u));
+    const int emax_field = (1 << eb) - 1;
+    *sign = (code & 0x80u) ? -1 : 1;
+    *m = efield == 0 ? frac : (frac | (1 << fb));
+    *e = efield == 0 ? 1 - bias : efield - bias;
+    if (is_e5m2) {
+        *nan = efield == emax_field && frac != 0;
+        *inf = efield == emax_field && frac == 0;
+    } else {
+        *nan = efield == emax_field && frac == (1 << fb) - 1;
+        *inf = 0;
+    }
+    if (*nan || *inf) *m = 0;
+}
+
+__device__ __forceinline__ int cpt_frac_bits(int is_e5m2) { return is_e5m2 ? 2 : 3; }
+
+// Decode tables of both operands into shared memory. Fast path: the exact FP32 value
+// sign * m * 2**(e - fb); integer path: m << S0 for A, m for B (P = (m_a << S0) * m_b).
+__device__ __forceinline__ void cpt_build_luts(CptShared& sh, int a_fmt, int b_fmt, int fast, int S0) {
+    for (int i = threadIdx.x; i < 512; i += CPT_THREADS) {
+        const int op = i >> 8, code = i & 255;
+        const int fmt = op ? b_fmt : a_fmt;
+        int sign, m, e, nan, inf;
+        cpt_decode((cpt_u32)code, fmt, &sign, &m, &e, &nan, &inf);
+        cpt_u32 v;
+        if (fast) {
+            // m * 2**(e - fb): m < 16 converts exactly, the power of two (>= 2**-16) is normal
+            const float p2 = __uint_as_float((cpt_u32)(127 + e - cpt_frac_bits(fmt)) << 23);
+            v = __float_as_uint(cpt_fmul_rn(__int2float_rn(m), p2));
+            if (sign < 0) v |= 0x80000000u;
+        } else {
+            v = op ? (cpt_u32)m : ((cpt_u32)m << S0);
+        }
+        sh.lut_v[op][code] = v;
+        sh.lut_e[op][code] = (short)(m == 0 ? CPT_SENT : e);
+        sh.lut_sp[op][code] = (cpt_u8)(nan | inf);
+    }
+}
+
+// ------------------------------------------------------------------------ tiles
+
+// Codes of rows [r0, r0 + CPT_BM) and K elements [k, ke) of X (rows x K, row-major) into
+// registers; zeros outside (zero codes: zero products change nothing).
+__device__ __forceinline__ void cpt_fetch(const cpt_u8* __restrict__ X, int rows, int K, int r0, int k, int ke,
+                                          uint2* raw) {
+#pragma unroll
+    for (int q = 0; q < CPT_CHUNKS / CPT_THREADS; ++q) {
+        const int c = threadIdx.x + q * CPT_THREADS;
+        const int row = c % CPT_BM, kc = c / CPT_BM;
+        const int kk = k + kc * 8, gr = r0 + row;
+        uint2 v = make_uint2(0u, 0u);
+        if (gr < rows && kk < ke) v = __ldg((const uint2*)(X + (cpt_i64)gr * K + kk));
+        raw[q] = v;
+    }
+}
+
+__device__ __forceinline__ void cpt_store(CptTile& t, const uint2* raw, const cpt_u32* lut_v, const short* lut_e,
+                                          const cpt_u8* lut_sp) {
+#pragma unroll
+    for (int q = 0; q < CPT_CHUNKS / CPT_THREADS; ++q) {
+        const int c = threadIdx.x + q * CPT_THREADS;
+        const int row = c % CPT_BM, kc = c / CPT_BM;
+        cpt_u32 f = 0;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+            const cpt_u32 code = ((b < 4 ? raw[q].x : raw[q].y) >> (8 * (b & 3))) & 0xFFu;
+            const int kk = kc * 8 + b;
+            t.v[kk][row] = __uint_as_float(lut_v[code]);
+            t.s[kk][row] = (code << 24) & 0x80000000u;
+            t.e[kk][row] = lut_e[code];
+            f |= lut_sp[code];
+        }
+        ((cpt_u8*)t.flag)[row * 4 + kc] = (cpt_u8)f;
+    }
+}
+
+// ------------------------------------------------------------------------ one step
+
+// Exponent of the accumulator c as reference._split_fp32 gives it (zero and non-finite c:
+// e_zero; subnormal: -126).
+__device__ __forceinline__ int cpt_c_exp(float c, int e_zero) {
+    const cpt_u32 b = __float_as_uint(c);
+    const cpt_u32 ef = (b >> 23) & 0xFFu;
+    if ((b & 0x7FFFFFFFu) == 0 || ef == 0xFFu) return e_zero;
+    return ef == 0 ? -126 : (int)ef - 127;
+}
+
+// reference._split_fp32 (integer path).
+__device__ __forceinline__ void cpt_split_fp32(float c, int e_zero, int* sign, cpt_i64* m, int* e) {
+    const cpt_u32 bits = __float_as_uint(c);
+    const cpt_u32 efield = (bits >> 23) & 0xFFu;
+    cpt_u32 frac = bits & 0x7FFFFFu;
+    int ex;
+    if (efield == 0xFFu) {
+        frac = 0;
+        ex = -126;
+    } else if (efield == 0) {
+        ex = -126;
+    } else {
+        frac |= 0x800000u;
+        ex = (int)efield - 127;
+    }
+    *m = (cpt_i64)frac;
+    *e = frac == 0 ? e_zero : ex;
+    *sign = (frac != 0 && (bits >> 31)) ? -1 : 1;
+}
+
+// reference._round_sum (integer path): S * 2**scale_exp toward zero to frac_bits fraction
+// bits, exponent floor -126, -0 -> +0, built exactly as an FP32 value.
+__device__ __forceinline__ float cpt_round_sum(cpt_i64 S, int scale_exp, int frac_bits) {
+    if (S == 0) return 0.0f;
+    cpt_u64 mag = (cpt_u64)(S < 0 ? -S : S);
+    const int bl = 64 - __clzll((long long)mag);
+    const int e_res = max(scale_exp + bl - 1, -126);
+    const int drop = min(max(e_res - frac_bits - scale_exp, 0), 62);
+    mag = (mag >> drop) << drop;
+    if (mag == 0) return 0.0f;
+    const int bl2 = 64 - __clzll((long long)mag);
+    const int e = scale_exp + bl2 - 1;
+    cpt_u32 bits;
+    if (e > 127) {
+        bits = 0x7F800000u;
+    } else if (e >= -126) {
+        const cpt_u64 sig = bl2 > 24 ? (mag >> (bl2 - 24)) : (mag << (24 - bl2));
+        bits = ((cpt_u32)(e + 127) << 23) | ((cpt_u32)sig & 0x7FFFFFu);
+    } else {
+        const int sh = scale_exp + 149;
+        bits = (cpt_u32)(sh >= 0 ? (mag << sh) : (-sh >= 64 ? 0ull : (mag >> -sh)));
+    }
+    if (S < 0) bits |= 0x80000000u;
+    return __uint_as_float(bits);
+}
+
+// reference._specials for one output over K elements [k0, k1), from the codes in memory,
+// as a class: 0 no NaN/Inf (the step's value stands), 1 +inf, 2 -inf, 3 NaN (0x7FFFFFFF).
+__device__ __noinline__ int cpt_specials(float c, const cpt_u8* __restrict__ arow, const cpt_u8* __restrict__ brow,
+                                         int k0, int k1, int a_fmt, int b_fmt) {
+    int nan = 0, pos = 0, neg = 0;
+    for (int k = k0; k < k1; ++k) {
+        int as, am, ae, an, ai, bs, bm, be, bn, bi;
+        cpt_decode(arow[k], a_fmt, &as, &am, &ae, &an, &ai);
+        cpt_decode(brow[k], b_fmt, &bs, &bm, &be, &bn, &bi);
+        const int a_zero = am == 0 && !an && !ai;
+        const int b_zero = bm == 0 && !bn && !bi;
+        nan |= an | bn | (ai & b_zero) | (a_zero & bi);
+        const int inf_p = ai | bi;
+        pos |= inf_p && as * bs > 0;
+        neg |= inf_p && as * bs < 0;
+    }
+    const cpt_u32 cb = __float_as_uint(c);
+    pos |= cb == 0x7F800000u;
+    neg |= cb == 0xFF800000u;
+    nan |= ((cb & 0x7FFFFFFFu) > 0x7F800000u) | (pos & neg);
+    return nan ? 3 : neg ? 2 : pos ? 1 : 0;
+}
+
+// Pass 1: em[i][j] = max(e_max of the products, exponent of c) for the thread's outputs.
+__device__ __forceinline__ void cpt_emax(const CptShared& sh, int ty, int tx, int klen, const float (&acc)[CPT_TM][CPT_TN],
+                                         int e_zero, int (&em)[CPT_TM][CPT_TN]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+    // Lanes: m0[p][q] = (out(2p, 2q), out(2p+1, 2q+1)), m1[p][q] = (out(2p, 2q+1), out(2p+1, 2q)).
+    cpt_u32 m0[CPT_TM / 2][CPT_TN / 2], m1[CPT_TM / 2][CPT_TN / 2];
+#pragma unroll
+    for (int p = 0; p < CPT_TM / 2; ++p)
+#pragma unroll
+        for (int q = 0; q < CPT_TN / 2; ++q) {
+            m0[p][q] = ((cpt_u32)cpt_c_exp(acc[2 * p][2 * q], e_zero) & 0xFFFFu) |
+                       ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q + 1], e_zero) << 16);
+            m1[p][q] = ((cpt_u32)cpt_c_exp(acc[2 * p][2 * q + 1], e_zero) & 0xFFFFu) |
+                       ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q], e_zero) << 16);
+        }
+#pragma unroll 1
+    for (int kk = 0; kk < klen; ++kk) {
+        cpt_u32 a2[CPT_TM / 2], b2[CPT_TN / 2], bs[CPT_TN / 2];
+#pragma unroll
+        for (int p = 0; p < CPT_TM / 2; ++p) a2[p] = *(const cpt_u32*)&sh.a.e[kk][ty * CPT_TM + 2 * p];
+#pragma unroll
+        for (int q = 0; q < CPT_TN / 2; ++q) {
+            b2[q] = *(const cpt_u32*)&sh.b.e[kk][tx * CPT_TN + 2 * q];
+            bs[q] = __byte_perm(b2[q], 0u, 0x1032);  // swap the halves
+        }
+#pragma unroll
+        for (int p = 0; p < CPT_TM / 2; ++p)
+#pragma unroll
+            for (int q = 0; q < CPT_TN / 2; ++q) {
+                m0[p][q] = __viaddmax_s16x2(a2[p], b2[q], m0[p][q]);
+                m1[p][q] = __viaddmax_s16x2(a2[p], bs[q], m1[p][q]);
+            }
+    }
+#pragma unroll
+    for (int p = 0; p < CPT_TM / 2; ++p)
+#pragma unroll
+        for (int q = 0; q < CPT_TN / 2; ++q) {
+            em[2 * p][2 * q] = (int)(short)(m0[p][q] & 0xFFFFu);
+            em[2 * p + 1][2 * q + 1] = (int)m0[p][q] >> 16;
+            em[2 * p][2 * q + 1] = (int)(short)(m1[p][q] & 0xFFFFu);
+            em[2 * p + 1][2 * q] = (int)m1[p][q] >> 16;
+        }
+#else
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) em[i][j] = cpt_c_exp(acc[i][j], e_zero);
+#pragma unroll 1
+    for (int kk = 0; kk < klen; ++kk) {
+        int ea[CPT_TM], eb[CPT_TN];
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i) ea[i] = sh.a.e[kk][ty * CPT_TM + i];
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) eb[j] = sh.b.e[kk][tx * CPT_TN + j];
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) em[i][j] = max(em[i][j], ea[i] + eb[j]);
+    }
+#endif
+}
+
+// Pass 2, fast path (F <= 16): out[i][j] = the step's result before NaN/Inf handling.
+__device__ __forceinline__ void cpt_sum_fast(const CptShared& sh, int ty, int tx, int klen,
+                                             const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
+                                             int F, cpt_u32 rmask, float (&out)[CPT_TM][CPT_TN]) {
+    cpt_u32 Cb[CPT_TM][CPT_TN];  // 2**(e_max - F + 23), the truncation constant of each output
+    float S[CPT_TM][CPT_TN];
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            // the exponent field is >= 1 whenever a term can be nonzero (e_max >= -53 then);
+            // the clamp only keeps the constant a normal number when every term is zero
+            Cb[i][j] = (cpt_u32)max(em[i][j] + 150 - F, 1) << 23;
+            // c truncated toward zero to the grid 2**(e_max - F) (|c| < 2**(e_max + 1))
+            const float Cs = __uint_as_float(Cb[i][j] | (__float_as_uint(acc[i][j]) & 0x80000000u));
+            S[i][j] = cpt_fsub_rn(cpt_fadd_rz(acc[i][j], Cs), Cs);
+        }
+#pragma unroll 1
+    for (int kk = 0; kk < klen; ++kk) {
+        float va[CPT_TM], vb[CPT_TN];
+        cpt_u32 sa[CPT_TM], sb[CPT_TN];
+#pragma unroll
+        for (int i = 0; i < CPT_TM; i += 4) {
+            const float4 v = *(const float4*)&sh.a.v[kk][ty * CPT_TM + i];
+            const uint4 s = *(const uint4*)&sh.a.s[kk][ty * CPT_TM + i];
+            va[i] = v.x, va[i + 1] = v.y, va[i + 2] = v.z, va[i + 3] = v.w;
+            sa[i] = s.x, sa[i + 1] = s.y, sa[i + 2] = s.z, sa[i + 3] = s.w;
+        }
+#pragma unroll
+        for (int j = 0; j < CPT_TN; j += 4) {
+            const float4 v = *(const float4*)&sh.b.v[kk][tx * CPT_TN + j];
+            const uint4 s = *(const uint4*)&sh.b.s[kk][tx * CPT_TN + j];
+            vb[j] = v.x, vb[j + 1] = v.y, vb[j + 2] = v.z, vb[j + 3] = v.w;
+            sb[j] = s.x, sb[j + 1] = s.y, sb[j + 2] = s.z, sb[j + 3] = s.w;
+        }
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) {
+                const float Cs = __uint_as_float(sa[i] ^ sb[j] ^ Cb[i][j]);  // +-C with the product's sign
+                const float T = cpt_fma_rz(va[i], vb[j], Cs);                  // RZ(a*b + Cs)
+                S[i][j] = cpt_fadd_rn(S[i][j], cpt_fsub_rn(T, Cs));             // + trunc(a*b), exact
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            cpt_u32 b = __float_as_uint(S[i][j]) & rmask;  // RZ to R fraction bits (floor 2**-126)
+            if ((b & 0x7FFFFFFFu) == 0) b = 0;              // -0 -> +0
+            out[i][j] = __uint_as_float(b);
+        }
+}
+
+// Pass 2, integer path (any F): reference.tfdpa's int64 arithmetic.
+__device__ __forceinline__ void cpt_sum_int(const CptShared& sh, int ty, int tx, int klen,
+                                            const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
+                                            int F, int R, int e_zero, float (&out)[CPT_TM][CPT_TN]) {
+    cpt_i64 S[CPT_TM][CPT_TN];
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            int cs, ce;
+            cpt_i64 cm;
+            cpt_split_fp32(acc[i][j], e_zero, &cs, &cm, &ce);
+            const int rc = em[i][j] - ce + (23 - F);
+            S[i][j] = (cpt_i64)cs * (rc >= 0 ? (cm >> min(rc, 62)) : (cm << min(-rc, 62)));
+        }
+#pragma unroll 1
+    for (int kk = 0; kk < klen; ++kk) {
+        cpt_u32 ma[CPT_TM], mb[CPT_TN], sa[CPT_TM], sb[CPT_TN];
+        int ea[CPT_TM], eb[CPT_TN];
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i) {
+            ma[i] = __float_as_uint(sh.a.v[kk][ty * CPT_TM + i]);
+            sa[i] = sh.a.s[kk][ty * CPT_TM + i];
+            ea[i] = sh.a.e[kk][ty * CPT_TM + i];
+        }
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            mb[j] = __float_as_uint(sh.b.v[kk][tx * CPT_TN + j]);
+            sb[j] = sh.b.s[kk][tx * CPT_TN + j];
+            eb[j] = sh.b.e[kk][tx * CPT_TN + j];
+        }
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) {
+                const cpt_u32 P = ma[i] * mb[j];                        // (m_a << S0) * m_b < 2**28
+                const int shift = min(em[i][j] - (ea[i] + eb[j]), 31);  // e_max - E
+                const cpt_i64 T = (cpt_i64)(P >> shift);
+                S[i][j] += (sa[i] ^ sb[j]) ? -T : T;
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) out[i][j] = cpt_round_sum(S[i][j], em[i][j] - F, R);
+}
+
+// End of the T-FDPA step that starts at K element k of slice s: the chain (promotion
+// interval, or the whole slice) and L bound it.
+__device__ __forceinline__ int cpt_step_end(const int* __restrict__ slices, int s, int k, int promotion, int L) {
+    const int k0 = slices[2 * s], k1 = slices[2 * s + 1];
+    const int clen = promotion > 0 ? promotion * L : (k1 - k0);
+    const int cend = min(k0 + ((k - k0) / clen + 1) * clen, k1);
+    return min(k + L, cend);
+}
+
+__device__ __forceinline__ float cpt_epilogue(float acc, float sa, float sb, int has_bias, float bias, int order) {
+    float y;
+    if (order == CPT_EP_ACC_SA_SB) {
+        y = cpt_fmul_rn(cpt_fmul_rn(acc, sa), sb);
+    } else if (order == CPT_EP_ACC_SB_SA) {
+        y = cpt_fmul_rn(cpt_fmul_rn(acc, sb), sa);
+    } else {
+        y = cpt_fmul_rn(acc, cpt_fmul_rn(sa, sb));
+    }
+    if (has_bias) y = cpt_fadd_rn(y, bias);
+    return y;
+}
+
+__device__ __forceinline__ cpt_u32 cpt_encode(float y, int out_kind, cpt_u32 nan_bits) {
+    const cpt_u32 u = __float_as_uint(y);
+    const cpt_u32 a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return nan_bits;
+    if (out_kind == CPT_OUT_F32) return u;
+    if (out_kind == CPT_OUT_BF16) return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const cpt_u32 sign = (u >> 16) & 0x8000u;  // float16, as cps_encode_f16
+    if (a >= 0x477FF000u) return sign | 0x7C00u;
+    if (a >= 0x38800000u) {
+        const cpt_u32 r = a - 0x38000000u;
+        return sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13);
+    }
+    if (a <= 0x33000000u) return sign;
+    const cpt_u32 e = a >> 23;
+    const cpt_u32 m = (a & 0x7FFFFFu) | 0x800000u;
+    const cpt_u32 s = 126u - e;
+    cpt_u32 h = m >> s;
+    const cpt_u32 rem = m & ((1u << s) - 1u);
+    const cpt_u32 half = 1u << (s - 1u);
+    if (rem > half || (rem == half && (h & 1u))) h += 1u;
+    return sign | h;
+}
+
+// ------------------------------------------------------------------------ kernel
+
+// Same arguments as cpemu_gemm_simple (see gemm_simple.cu), plus ws: a float32 workspace
+// of 2 * M * N elements for the promotion and split-K folds (read and written only by the
+// thread that owns the output; may be a 1-element dummy when the plan has one slice of one
+// chain, i.e. fast accumulation without split-K).
+extern "C" __global__ void __launch_bounds__(CPT_THREADS, CPT_MINBLOCKS)
+    cpemu_gemm_tiled(const cpt_u8* __restrict__ A, const cpt_u8* __restrict__ Bt, int M, int N, int K, int a_fmt,
+                     int b_fmt, int L, int F, int R, int e_zero, const int* __restrict__ slices, int n_slices,
+                     int promotion, const float* __restrict__ scale_a, int sa_stride,
+                     const float* __restrict__ scale_b, int sb_stride, int ep_order, const float* __restrict__ bias,
+                     int has_bias, void* __restrict__ out, int out_kind, cpt_u32 nan_bits, float* __restrict__ ws) {
+    __shared__ __align__(16) CptShared sh;
+    const int tx = threadIdx.x % (CPT_BN / CPT_TN), ty = threadIdx.x / (CPT_BN / CPT_TN);
+    const int m0 = blockIdx.y * CPT_BM, n0 = blockIdx.x * CPT_BN;
+    const int fast = F <= 16;
+    const int S0 = F - cpt_frac_bits(a_fmt) - cpt_frac_bits(b_fmt);
+    const cpt_u32 rmask = 0xFFFFFFFFu << (23 - R);
+    const cpt_i64 MN = (cpt_i64)M * N;
+    cpt_build_luts(sh, a_fmt, b_fmt, fast, S0);
+
+    float acc[CPT_TM][CPT_TN];  // the chain's accumulator c; at the end, the FP32 result
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) acc[i][j] = 0.0f;
+    int cbad = 0;  // some accumulator of this thread may be NaN / Inf
+
+    uint2 ra[CPT_CHUNKS / CPT_THREADS], rb[CPT_CHUNKS / CPT_THREADS];
+    int s = 0, k = slices[0];
+    {
+        const int ke = cpt_step_end(slices, 0, k, promotion, L);
+        cpt_fetch(A, M, K, m0, k, ke, ra);
+        cpt_fetch(Bt, N, K, n0, k, ke, rb);
+    }
+    while (s < n_slices) {
+        const int k0 = slices[2 * s], k1 = slices[2 * s + 1];
+        const int clen = promotion > 0 ? promotion * L : (k1 - k0);
+        const int cstart = k0 + ((k - k0) / clen) * clen;
+        const int cend = min(cstart + clen, k1);
+        const int ke = min(k + L, cend);
+
+        __syncthreads();  // the previous step is done with the tiles (and the LUTs are built)
+        cpt_store(sh.a, ra, sh.lut_v[0], sh.lut_e[0], sh.lut_sp[0]);
+        cpt_store(sh.b, rb, sh.lut_v[1], sh.lut_e[1], sh.lut_sp[1]);
+        __syncthreads();
+
+        // prefetch the next step's codes while this one computes
+        int ns = s, nk = ke;
+        if (nk >= k1) {
+            ns = s + 1;
+            nk = ns < n_slices ? slices[2 * ns] : 0;
+        }
+        if (ns < n_slices) {
+            const int nke = cpt_step_end(slices, ns, nk, promotion, L);
+            cpt_fetch(A, M, K, m0, nk, nke, ra);
+            cpt_fetch(Bt, N, K, n0, nk, nke, rb);
+        }
+
+        if (k == cstart) {  // a chain starts from +0
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT_TN; ++j) acc[i][j] = 0.0f;
+            cbad = 0;
+        }
+
+        // ---- one T-FDPA step over K elements [k, ke) for the thread's outputs
+        const int klen = ke - k;
+        // NaN / Inf first (they depend on c and the codes only): 2 bits per output
+        cpt_u32 ov = 0;
+        {
+            cpt_u32 fl = 0;
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i) fl |= sh.a.flag[ty * CPT_TM + i];
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) fl |= sh.b.flag[tx * CPT_TN + j];
+            if (fl | cbad) {
+#pragma unroll 1
+                for (int o = 0; o < CPT_TM * CPT_TN; ++o) {
+                    const int i = o / CPT_TN, j = o % CPT_TN;
+                    const int gm = m0 + ty * CPT_TM + i, gn = n0 + tx * CPT_TN + j;
+                    float c = 0.0f;
+#pragma unroll
+                    for (int q = 0; q < CPT_TM * CPT_TN; ++q)
+                        if (q == o) c = acc[q / CPT_TN][q % CPT_TN];
+                    if (gm < M && gn < N &&
+                        ((sh.a.flag[ty * CPT_TM + i] | sh.b.flag[tx * CPT_TN + j]) ||
+                         (__float_as_uint(c) & 0x7F800000u) == 0x7F800000u))
+                        ov |= (cpt_u32)cpt_specials(c, A + (cpt_i64)gm * K, Bt + (cpt_i64)gn * K, k, ke, a_fmt, b_fmt)
+                              << (2 * o);
+                }
+                cbad = ov != 0;
+            }
+        }
+        int em[CPT_TM][CPT_TN];
+        cpt_emax(sh, ty, tx, klen, acc, e_zero, em);
+        if (fast) {
+            cpt_sum_fast(sh, ty, tx, klen, acc, em, F, rmask, acc);
+        } else {
+            cpt_sum_int(sh, ty, tx, klen, acc, em, F, R, e_zero, acc);
+        }
+        if (ov) {
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT_TN; ++j) {
+                    const cpt_u32 cl = (ov >> (2 * (i * CPT_TN + j))) & 3u;
+                    if (cl) acc[i][j] = __uint_as_float(cl == 1 ? 0x7F800000u : cl == 2 ? 0xFF800000u : 0x7FFFFFFFu);
+                }
+        }
+
+        // ---- schedule: fold a finished chain into its slice (p), a finished slice into the
+        // result (part); both live in ws unless the fold is trivial
+        if (ke == cend) {
+            const int one_chain = cstart == k0 && cend == k1;
+            const int last_slice = s == n_slices - 1;
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT_TN; ++j) {
+                    const int gm = m0 + ty * CPT_TM + i, gn = n0 + tx * CPT_TN + j;
+                    if (gm >= M || gn >= N) continue;
+                    const cpt_i64 idx = (cpt_i64)gm * N + gn;
+                    float pv = acc[i][j];
+                    if (!one_chain) {
+                        if (cstart != k0) pv = cpt_fadd_rn(ws[idx], pv);  // p + part, in chain order
+                        if (cend != k1) ws[idx] = pv;
+                    }
+                    if (cend == k1 && n_slices > 1) {
+                        if (s != 0) pv = cpt_fadd_rn(ws[MN + idx], pv);  // partial + p, in slice order
+                        if (!last_slice) ws[MN + idx] = pv;
+                    }
+                    acc[i][j] = pv;  // the value that stands when this was the last fold
+                }
+        }
+        s = ns;
+        k = nk;
+    }
+
+    // ---- epilogue (acc holds the FP32 accumulator of the whole GEMM)
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i) {
+        const int gm = m0 + ty * CPT_TM + i;
+        if (gm >= M) continue;
+        const float sa = scale_a[(cpt_i64)gm * sa_stride];
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            const int gn = n0 + tx * CPT_TN + j;
+            if (gn >= N) continue;
+            const float y = cpt_epilogue(acc[i][j], sa, scale_b[(cpt_i64)gn * sb_stride], has_bias,
+                                         has_bias ? bias[gn] : 0.0f, ep_order);
+            const cpt_u32 bits = cpt_encode(y, out_kind, nan_bits);
+            const cpt_i64 idx = (cpt_i64)gm * N + gn;
+            if (out_kind == CPT_OUT_F32) {
+                ((cpt_u32*)out)[idx] = bits;
+            } else {
+                ((cpt_u16*)out)[idx] = (cpt_u16)bits;
+            }
+        }
+    }
+}
