@@ -11,11 +11,9 @@ from . import reference as ref
 from .formats import OUT_DTYPES, encode_output, fp8_format
 from .profile import DEFAULT_PROFILE, get_profile
 
-__all__ = ["gemm", "bits_to_float32", "BACKENDS"]
+from .backends import LADDER as BACKENDS  # best first; "auto" picks the first available, validated one
 
-#: Backends of this build, best first (see cpemu.backends); "auto" picks the first
-#: available and validated one.
-BACKENDS = ("cuda-tiled", "cuda-simple", "reference")
+__all__ = ["gemm", "bits_to_float32", "BACKENDS"]
 
 
 def _fail(arg: str, rule: str, got) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 
+import ml_dtypes
 import numpy as np
 
 __all__ = ["LADDER", "BackendUnavailable", "status", "select", "validate"]
@@ -93,7 +94,7 @@ def validate(name: str, profile) -> tuple[bool, str]:
             a, bt, sa, sb, bias = operands(case)
             fa, fb = FP8_FORMATS[case.a_format], FP8_FORMATS[case.b_format]
             if bias is not None:
-                bias = bias.view(np.float16 if case.out_dtype == "float16" else api.ml_dtypes.bfloat16)
+                bias = bias.view(np.float16 if case.out_dtype == "float16" else ml_dtypes.bfloat16)
             kw = dict(profile=profile, scale_a=sa if sa.size > 1 else sa.reshape(()),
                       scale_b=sb if sb.size > 1 else sb.reshape(()), bias=bias, out_dtype=case.out_dtype,
                       fast_accum=case.fast_accum)
