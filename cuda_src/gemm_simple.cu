@@ -6,15 +6,18 @@
 // with scalars where the reference has arrays. The arithmetic of a T-FDPA step is integer
 // arithmetic; the only floating-point operations are the IEEE round-to-nearest FP32 adds
 // and multiplies of the schedule and the epilogue (promotion adds, split-K reduction adds,
-// scales, bias), written as explicit PTX add.rn.f32 / mul.rn.f32 (cps_fadd_rn, cps_fmul_rn)
-// so that neither multiply-add contraction nor flush-to-zero can change them. Nothing here
-// depends on the GPU's own FP8 hardware.
+// scales, bias), written as explicit PTX add.rn.f32 / mul.rn.f32 (cpemu_fadd_rn,
+// cpemu_fmul_rn in cpemu_fp32.cuh, with the epilogue and the output conversions) so that
+// neither multiply-add contraction nor flush-to-zero can change them. Nothing here depends
+// on the GPU's own FP8 hardware.
 //
-// Build: NVRTC, no header at all (built-in types, intrinsics and PTX only); the bits do not
+// Build: NVRTC, no system header (built-in types, intrinsics and PTX only); the bits do not
 // depend on -ftz or --fmad (every FP32 operation is a PTX instruction without .ftz).
 //
 // Kernel: cpemu_gemm_simple (arguments documented at the kernel; the launch wrapper is
 // cpemu/cuda/kernels.py).
+
+#include "cpemu_fp32.cuh"
 
 typedef unsigned char cps_u8;
 typedef unsigned int cps_u32;
@@ -24,32 +27,6 @@ typedef unsigned long long cps_u64;
 // Exponent given to zero operands (reference.ZERO_EXP): a product with a zero factor lies
 // far below every e_zero and every nonzero product, so it never sets e_max.
 #define CPS_ZERO_EXP (-1000)
-
-// Output kinds (kernels.py OUT_KIND).
-#define CPS_OUT_F32 0
-#define CPS_OUT_BF16 1
-#define CPS_OUT_F16 2
-
-// Epilogue orders (kernels.py EPILOGUE_ORDERS).
-#define CPS_EP_ACC_SASB 0  // acc * (sa * sb)
-#define CPS_EP_ACC_SA_SB 1 // (acc * sa) * sb
-#define CPS_EP_ACC_SB_SA 2 // (acc * sb) * sa
-
-// ------------------------------------------------------------------------ IEEE FP32
-// The schedule's and the epilogue's FP32 operations, as PTX instructions without .ftz:
-// round to nearest even with subnormals kept, whatever the compiler's -ftz flag (cupy's
-// NVRTC wrapper appends -ftz=true; the intrinsics __fmul_rn / __fadd_rn would then flush).
-__device__ __forceinline__ float cps_fmul_rn(float a, float b) {
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-__device__ __forceinline__ float cps_fadd_rn(float a, float b) {
-    float r;
-    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
 
 // ------------------------------------------------------------------------ formats
 
@@ -239,57 +216,12 @@ __device__ float cps_accumulate(const cps_u8* arow, const cps_u8* brow, const in
             const int step = promotion * L;
             for (int k = k0; k < k1; k += step) {
                 const float part = cps_chain(arow, brow, k, min(k + step, k1), a_e5m2, b_e5m2, L, F, R, e_zero);
-                p = k == k0 ? part : cps_fadd_rn(p, part);  // float32 + float32: IEEE RN
+                p = k == k0 ? part : cpemu_fadd_rn(p, part);  // float32 + float32: IEEE RN
             }
         }
-        partial = s == 0 ? p : cps_fadd_rn(partial, p);
+        partial = s == 0 ? p : cpemu_fadd_rn(partial, p);
     }
     return partial;
-}
-
-// reference.epilogue for one output: scales in the profile's order (FP32 RN products),
-// then + bias with one FP32 RN add.
-__device__ __forceinline__ float cps_epilogue(float acc, float sa, float sb, int has_bias, float bias, int order) {
-    float y;
-    if (order == CPS_EP_ACC_SA_SB) {
-        y = cps_fmul_rn(cps_fmul_rn(acc, sa), sb);
-    } else if (order == CPS_EP_ACC_SB_SA) {
-        y = cps_fmul_rn(cps_fmul_rn(acc, sb), sa);
-    } else {
-        y = cps_fmul_rn(acc, cps_fmul_rn(sa, sb));
-    }
-    if (has_bias) y = cps_fadd_rn(y, bias);
-    return y;
-}
-
-// formats.encode_output for one value: FP32 -> bf16 / fp16 bits, round to nearest even,
-// overflow to inf, subnormals kept (ml_dtypes / numpy casts); NaN -> nan_bits.
-__device__ __forceinline__ cps_u32 cps_encode_bf16(float y, cps_u32 nan_bits) {
-    const cps_u32 u = __float_as_uint(y);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return nan_bits;
-    return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;  // RNE on the low 16 bits; carries reach inf
-}
-
-__device__ __forceinline__ cps_u32 cps_encode_f16(float y, cps_u32 nan_bits) {
-    const cps_u32 u = __float_as_uint(y);
-    const cps_u32 sign = (u >> 16) & 0x8000u;
-    const cps_u32 a = u & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return nan_bits;
-    if (a >= 0x477FF000u) return sign | 0x7C00u;  // |y| >= 65520 (and inf): inf
-    if (a >= 0x38800000u) {                         // |y| >= 2**-14: normal half
-        const cps_u32 r = a - 0x38000000u;          // rebias the exponent (127 -> 15)
-        return sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13);
-    }
-    if (a <= 0x33000000u) return sign;  // |y| <= 2**-25: rounds to zero (2**-25 is a tie to even 0)
-    // subnormal half: units of 2**-24; |y| = m * 2**(e - 150), 102 <= e <= 112
-    const cps_u32 e = a >> 23;
-    const cps_u32 m = (a & 0x7FFFFFu) | 0x800000u;
-    const cps_u32 s = 126u - e;  // 14..24
-    cps_u32 h = m >> s;
-    const cps_u32 rem = m & ((1u << s) - 1u);
-    const cps_u32 half = 1u << (s - 1u);
-    if (rem > half || (rem == half && (h & 1u))) h += 1u;
-    return sign | h;
 }
 
 // ------------------------------------------------------------------------ kernel
@@ -302,7 +234,7 @@ __device__ __forceinline__ cps_u32 cps_encode_f16(float y, cps_u32 nan_bits) {
 //   slices: n_slices pairs (k0, k1) of the plan; promotion: steps per promoted chain, 0 for
 //     fast accumulation;
 //   scale_a[m * sa_stride], scale_b[n * sb_stride] (stride 0: tensorwise); ep_order: one of
-//     CPS_EP_*; bias[n] (float32) when has_bias;
+//     CPEMU_EP_*; bias[n] (float32) when has_bias;
 //   out: float32 bits (out_kind 0) or uint16 bf16 / fp16 bits (1 / 2); NaN -> nan_bits.
 extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const cps_u8* __restrict__ Bt, int M, int N,
                                              int K, int a_fmt, int b_fmt, int L, int F, int R, int e_zero,
@@ -318,15 +250,15 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
         const cps_u8* arow = A + (cps_i64)m * K;
         const cps_u8* brow = Bt + (cps_i64)n * K;
         const float acc = cps_accumulate(arow, brow, slices, n_slices, promotion, a_fmt, b_fmt, L, F, R, e_zero);
-        const float y = cps_epilogue(acc, scale_a[(cps_i64)m * sa_stride], scale_b[(cps_i64)n * sb_stride], has_bias,
+        const float y = cpemu_epilogue(acc, scale_a[(cps_i64)m * sa_stride], scale_b[(cps_i64)n * sb_stride], has_bias,
                                      has_bias ? bias[n] : 0.0f, ep_order);
-        if (out_kind == CPS_OUT_F32) {
+        if (out_kind == CPEMU_OUT_F32) {
             const cps_u32 u = __float_as_uint(y);
             ((cps_u32*)out)[idx] = (u & 0x7FFFFFFFu) > 0x7F800000u ? nan_bits : u;
-        } else if (out_kind == CPS_OUT_BF16) {
-            ((unsigned short*)out)[idx] = (unsigned short)cps_encode_bf16(y, nan_bits);
+        } else if (out_kind == CPEMU_OUT_BF16) {
+            ((unsigned short*)out)[idx] = (unsigned short)cpemu_encode_bf16(y, nan_bits);
         } else {
-            ((unsigned short*)out)[idx] = (unsigned short)cps_encode_f16(y, nan_bits);
+            ((unsigned short*)out)[idx] = (unsigned short)cpemu_encode_f16(y, nan_bits);
         }
     }
 }

@@ -37,9 +37,12 @@
 // gemm_simple.cu, per output, in the same order. Split-K slices run inside each thread in
 // slice order.
 //
-// Build: NVRTC, no header; the bits do not depend on -ftz or --fmad (see cpt_fmul_rn).
+// Build: NVRTC, no system header (cpemu_fp32.cuh only); the bits do not depend on -ftz or
+// --fmad (see cpemu_fp32.cuh).
 // Launch: grid (ceil(N / CPT_BN), ceil(M / CPT_BM)), CPT_THREADS threads, static shared
 // memory; requires K, the slice bounds and L to be multiples of 8 (kernels.py checks).
+
+#include "cpemu_fp32.cuh"
 
 typedef unsigned char cpt_u8;
 typedef unsigned short cpt_u16;
@@ -66,12 +69,6 @@ typedef unsigned long long cpt_u64;
 static_assert(CPT_TM % 4 == 0 && CPT_TN % 4 == 0, "outputs per thread: multiples of 4 (float4 loads, DPX pairs)");
 static_assert(CPT_CHUNKS % CPT_THREADS == 0, "every thread loads whole 8-byte chunks");
 
-#define CPT_OUT_F32 0
-#define CPT_OUT_BF16 1
-#define CPT_OUT_F16 2
-#define CPT_EP_ACC_SASB 0
-#define CPT_EP_ACC_SA_SB 1
-#define CPT_EP_ACC_SB_SA 2
 
 // One K stage of one operand, transposed ([k][row]) so that a thread's rows are contiguous.
 struct CptTile {
@@ -92,18 +89,6 @@ struct CptShared {
 // Every FP32 operation of this file is one of these PTX instructions without .ftz: IEEE
 // results with subnormals kept, whatever the compiler's -ftz / --fmad flags (cupy's NVRTC
 // wrapper appends -ftz=true; the intrinsics __fmul_rn, __fadd_rz, ... would then flush).
-__device__ __forceinline__ float cpt_fmul_rn(float a, float b) {
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-__device__ __forceinline__ float cpt_fadd_rn(float a, float b) {
-    float r;
-    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
 __device__ __forceinline__ float cpt_fsub_rn(float a, float b) {
     float r;
     asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
@@ -161,7 +146,7 @@ __device__ __forceinline__ void cpt_build_luts(CptShared& sh, int a_fmt, int b_f
         if (fast) {
             // m * 2**(e - fb): m < 16 converts exactly, the power of two (>= 2**-16) is normal
             const float p2 = __uint_as_float((cpt_u32)(127 + e - cpt_frac_bits(fmt)) << 23);
-            v = __float_as_uint(cpt_fmul_rn(__int2float_rn(m), p2));
+            v = __float_as_uint(cpemu_fmul_rn(__int2float_rn(m), p2));
             if (sign < 0) v |= 0x80000000u;
         } else {
             v = op ? (cpt_u32)m : ((cpt_u32)m << S0);
@@ -392,7 +377,7 @@ __device__ __forceinline__ void cpt_sum_fast(const CptShared& sh, int ty, int tx
             for (int j = 0; j < CPT_TN; ++j) {
                 const float Cs = __uint_as_float(sa[i] ^ sb[j] ^ Cb[i][j]);  // +-C with the product's sign
                 const float T = cpt_fma_rz(va[i], vb[j], Cs);                  // RZ(a*b + Cs)
-                S[i][j] = cpt_fadd_rn(S[i][j], cpt_fsub_rn(T, Cs));             // + trunc(a*b), exact
+                S[i][j] = cpemu_fadd_rn(S[i][j], cpt_fsub_rn(T, Cs));             // + trunc(a*b), exact
             }
     }
 #pragma unroll
@@ -461,26 +446,15 @@ __device__ __forceinline__ int cpt_step_end(const int* __restrict__ slices, int 
     return min(k + L, cend);
 }
 
-__device__ __forceinline__ float cpt_epilogue(float acc, float sa, float sb, int has_bias, float bias, int order) {
-    float y;
-    if (order == CPT_EP_ACC_SA_SB) {
-        y = cpt_fmul_rn(cpt_fmul_rn(acc, sa), sb);
-    } else if (order == CPT_EP_ACC_SB_SA) {
-        y = cpt_fmul_rn(cpt_fmul_rn(acc, sb), sa);
-    } else {
-        y = cpt_fmul_rn(acc, cpt_fmul_rn(sa, sb));
-    }
-    if (has_bias) y = cpt_fadd_rn(y, bias);
-    return y;
-}
-
+// formats.encode_output for one value; the bf16 and fp16 branches are cpemu_encode_bf16 /
+// cpemu_encode_f16 (cpemu_fp32.cuh) with the NaN test shared, fused here for the tile loop.
 __device__ __forceinline__ cpt_u32 cpt_encode(float y, int out_kind, cpt_u32 nan_bits) {
     const cpt_u32 u = __float_as_uint(y);
     const cpt_u32 a = u & 0x7FFFFFFFu;
     if (a > 0x7F800000u) return nan_bits;
-    if (out_kind == CPT_OUT_F32) return u;
-    if (out_kind == CPT_OUT_BF16) return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    const cpt_u32 sign = (u >> 16) & 0x8000u;  // float16, as cps_encode_f16
+    if (out_kind == CPEMU_OUT_F32) return u;
+    if (out_kind == CPEMU_OUT_BF16) return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const cpt_u32 sign = (u >> 16) & 0x8000u;
     if (a >= 0x477FF000u) return sign | 0x7C00u;
     if (a >= 0x38800000u) {
         const cpt_u32 r = a - 0x38000000u;
@@ -623,11 +597,11 @@ extern "C" __global__ void __launch_bounds__(CPT_THREADS, CPT_MINBLOCKS)
                     const cpt_i64 idx = (cpt_i64)gm * N + gn;
                     float pv = acc[i][j];
                     if (!one_chain) {
-                        if (cstart != k0) pv = cpt_fadd_rn(ws[idx], pv);  // p + part, in chain order
+                        if (cstart != k0) pv = cpemu_fadd_rn(ws[idx], pv);  // p + part, in chain order
                         if (cend != k1) ws[idx] = pv;
                     }
                     if (cend == k1 && n_slices > 1) {
-                        if (s != 0) pv = cpt_fadd_rn(ws[MN + idx], pv);  // partial + p, in slice order
+                        if (s != 0) pv = cpemu_fadd_rn(ws[MN + idx], pv);  // partial + p, in slice order
                         if (!last_slice) ws[MN + idx] = pv;
                     }
                     acc[i][j] = pv;  // the value that stands when this was the last fold
@@ -647,11 +621,11 @@ extern "C" __global__ void __launch_bounds__(CPT_THREADS, CPT_MINBLOCKS)
         for (int j = 0; j < CPT_TN; ++j) {
             const int gn = n0 + tx * CPT_TN + j;
             if (gn >= N) continue;
-            const float y = cpt_epilogue(acc[i][j], sa, scale_b[(cpt_i64)gn * sb_stride], has_bias,
+            const float y = cpemu_epilogue(acc[i][j], sa, scale_b[(cpt_i64)gn * sb_stride], has_bias,
                                          has_bias ? bias[gn] : 0.0f, ep_order);
             const cpt_u32 bits = cpt_encode(y, out_kind, nan_bits);
             const cpt_i64 idx = (cpt_i64)gm * N + gn;
-            if (out_kind == CPT_OUT_F32) {
+            if (out_kind == CPEMU_OUT_F32) {
                 ((cpt_u32*)out)[idx] = bits;
             } else {
                 ((cpt_u16*)out)[idx] = (cpt_u16)bits;

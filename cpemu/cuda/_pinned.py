@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "cb6ff4c46e1ecdf4cf0af53d6a05728eff8d112be72aeec5be3814e1663e9037"
+MANIFEST_SHA256 = "9c3131eb0029c8fc10311fd634eb0487d40f97e687b027e5f72035215ef80aca"

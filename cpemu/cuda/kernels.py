@@ -103,7 +103,7 @@ def get_kernel(kernel_family: str, defines: tuple = ()):
                 if not path.is_file():
                     raise FileNotFoundError(
                         f"{FROM_SOURCE_ENV}=1 needs the CUDA sources of a checkout: {path} is missing")
-                opts = SOURCE_OPTIONS + tuple(f"-D{d}" for d in defines)
+                opts = SOURCE_OPTIONS + (f"-I{path.parent}",) + tuple(f"-D{d}" for d in defines)
                 mod = cupy.RawModule(code=path.read_text(), options=opts, name_expressions=None)
                 fn = mod.get_function(name)
             else:

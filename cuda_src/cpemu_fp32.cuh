@@ -1,0 +1,76 @@
+// FP32 arithmetic of the schedule and the epilogue, and the output conversions, shared by
+// every cpemu kernel (the CUDA form of cpemu/reference.py's epilogue and of
+// cpemu/formats.py's encode_output).
+//
+// Every FP32 operation is a PTX instruction without .ftz: IEEE results with subnormals
+// kept, whatever the compiler's -ftz / --fmad flags (cupy's NVRTC wrapper appends
+// -ftz=true; the intrinsics __fmul_rn / __fadd_rn would then flush).
+#pragma once
+
+// Output kinds (kernels.py OUT_KIND).
+#define CPEMU_OUT_F32 0
+#define CPEMU_OUT_BF16 1
+#define CPEMU_OUT_F16 2
+
+// Epilogue orders (kernels.py EPILOGUE_ORDERS).
+#define CPEMU_EP_ACC_SASB 0   // acc * (sa * sb)
+#define CPEMU_EP_ACC_SA_SB 1  // (acc * sa) * sb
+#define CPEMU_EP_ACC_SB_SA 2  // (acc * sb) * sa
+
+__device__ __forceinline__ float cpemu_fmul_rn(float a, float b) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ float cpemu_fadd_rn(float a, float b) {
+    float r;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+// reference.epilogue for one output: scales in the profile's order (FP32 RN products),
+// then + bias with one FP32 RN add.
+__device__ __forceinline__ float cpemu_epilogue(float acc, float sa, float sb, int has_bias, float bias, int order) {
+    float y;
+    if (order == CPEMU_EP_ACC_SA_SB) {
+        y = cpemu_fmul_rn(cpemu_fmul_rn(acc, sa), sb);
+    } else if (order == CPEMU_EP_ACC_SB_SA) {
+        y = cpemu_fmul_rn(cpemu_fmul_rn(acc, sb), sa);
+    } else {
+        y = cpemu_fmul_rn(acc, cpemu_fmul_rn(sa, sb));
+    }
+    if (has_bias) y = cpemu_fadd_rn(y, bias);
+    return y;
+}
+
+// formats.encode_output for one value: FP32 -> bf16 bits, round to nearest even, overflow
+// to inf, subnormals kept (ml_dtypes' cast); NaN -> nan_bits.
+__device__ __forceinline__ unsigned int cpemu_encode_bf16(float y, unsigned int nan_bits) {
+    const unsigned int u = __float_as_uint(y);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return nan_bits;
+    return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;  // RNE on the low 16 bits; carries reach inf
+}
+
+// FP32 -> fp16 bits, round to nearest even (numpy's cast), overflow to inf, subnormals kept.
+__device__ __forceinline__ unsigned int cpemu_encode_f16(float y, unsigned int nan_bits) {
+    const unsigned int u = __float_as_uint(y);
+    const unsigned int sign = (u >> 16) & 0x8000u;
+    const unsigned int a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return nan_bits;
+    if (a >= 0x477FF000u) return sign | 0x7C00u;  // |y| >= 65520 (and inf): inf
+    if (a >= 0x38800000u) {                       // |y| >= 2**-14: normal half
+        const unsigned int r = a - 0x38000000u;   // rebias the exponent (127 -> 15)
+        return sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13);
+    }
+    if (a <= 0x33000000u) return sign;  // |y| <= 2**-25: rounds to zero (2**-25 is a tie to even 0)
+    // subnormal half: units of 2**-24; |y| = m * 2**(e - 150), 102 <= e <= 112
+    const unsigned int e = a >> 23;
+    const unsigned int m = (a & 0x7FFFFFu) | 0x800000u;
+    const unsigned int s = 126u - e;  // 14..24
+    unsigned int h = m >> s;
+    const unsigned int rem = m & ((1u << s) - 1u);
+    const unsigned int half = 1u << (s - 1u);
+    if (rem > half || (rem == half && (h & 1u))) h += 1u;
+    return sign | h;
+}
