@@ -68,3 +68,32 @@ def test_unrecorded_split_region_is_refused():
     with pytest.raises(UnsupportedShape, match="outside the range"):
         PROFILE.plan(16, 64, 16400, True)
     assert PROFILE.plan(16, 24576, 8192, True).splits == 1  # Evo 2 40B projection
+
+
+def test_rule_derivation_reproduces_the_profile(tmp_path):
+    """Deriving the rule again from the recorded grid gives the profile's thresholds, and the
+    table it writes agrees with the shipped table wherever both have an answer."""
+    import json
+
+    from cpemu.recording.splitk_rule import build
+
+    grid = os.path.join(DATA, "splitk_grid.json.gz")
+    held = [f for f in FILES if "heldout" in f]
+    out = tmp_path / "t.splitk.json"
+    report = build([grid], held, None, str(out), echo=lambda *_: None)
+    params = PROFILE.data["modes"]["tensorwise"]["split_k"]["params"]
+    assert (report["k_max_nosplit"], report["mn_min_nosplit"]) == (params["k_max_nosplit"], params["mn_min_nosplit"])
+    assert all(not c["violations"] for c in report["checks"].values())
+    new = json.loads(out.read_text())
+    from importlib import resources
+
+    ship = json.loads(resources.files("cpemu.profile_data").joinpath(params["table_file"]).read_text())
+    idx = {tuple(s): i for i, s in enumerate(ship["shapes"])}
+    agree = 0
+    for key, row in new["tables"].items():
+        for s, ch in zip(new["shapes"], row):
+            j = idx.get(tuple(s))
+            if ch != "?" and j is not None and ship["tables"][key][j] != "?":
+                assert ship["tables"][key][j] == ch, (key, s)
+                agree += 1
+    assert agree > 10000
