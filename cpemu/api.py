@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 
 from . import reference as ref
-from .formats import OUT_DTYPES, encode_output, fp8_format
+from .formats import OUT_DTYPES, fp8_format
 from .profile import DEFAULT_PROFILE, get_profile
 
 from .backends import LADDER as BACKENDS  # best first; "auto" picks the first available, validated one
@@ -182,18 +182,11 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
                     scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype, fast_accum=fast_accum,
                     backend="reference")
         return cupy.asarray(host.view(np.float32 if out_dtype == "float32" else np.uint16))
-    out = np.empty((M, N), dtype=OUT_DTYPES[out_dtype])
     if M == 0:  # torch returns an empty (0, N) result
-        return out
-    a_ops = ref.decode(np.ascontiguousarray(a).view(np.uint8), fa)
-    b_ops = ref.decode(np.ascontiguousarray(b.T).view(np.uint8), fb)
-    nan_bits = mode.get("nan_bits", {}).get(out_dtype)
-    for rb, cb in ref.blocks(M, N, model.L):
-        acc = ref.accumulate(a_ops.rows(rb), b_ops.rows(cb), plan, model)
-        y = ref.epilogue(acc, sa if sa.ndim == 0 else sa[rb], sb if sb.ndim == 0 else sb[:, cb],
-                         None if bias_f32 is None else bias_f32[cb], mode["epilogue"])
-        out[rb, cb] = encode_output(y, out_dtype, nan_bits)
-    return out
+        return np.empty((0, N), dtype=OUT_DTYPES[out_dtype])
+    return ref.gemm_codes(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b.T).view(np.uint8), fa, fb,
+                          plan, model, mode["epilogue"], sa, sb, bias_f32, out_dtype,
+                          mode.get("nan_bits", {}).get(out_dtype))
 
 
 def bits_to_float32(bits, out_dtype: str = "bfloat16"):

@@ -30,7 +30,7 @@ import numpy as np
 from .formats import FP8Format
 from .instruction import InstructionModel
 
-__all__ = ["Operand", "decode", "tfdpa", "chain", "accumulate", "epilogue", "BLOCK_ELEMS"]
+__all__ = ["Operand", "decode", "tfdpa", "chain", "accumulate", "epilogue", "gemm_codes", "BLOCK_ELEMS"]
 
 #: Upper bound on block_M * block_N * L elements held by one step's temporaries
 #: (each temporary is int32 or int64: 2**17 elements -> 0.5-1 MiB, cache-sized).
@@ -222,3 +222,22 @@ def epilogue(acc: np.ndarray, scale_a, scale_b, bias, ep: dict) -> np.ndarray:
         if bias is not None:
             y = y + bias.astype(np.float32)
     return y.astype(np.float32, copy=False)
+
+
+def gemm_codes(a_codes, bt_codes, a_fmt, b_fmt, plan, model: InstructionModel, ep: dict, scale_a, scale_b, bias,
+               out_dtype: str, nan_bits: int | None = None) -> np.ndarray:
+    """The whole GEMM on FP8 codes: ``a_codes`` (M, K) and ``bt_codes`` (N, K) uint8, block by
+    block (:func:`blocks`): accumulate as ``plan`` schedules, then the epilogue ``ep``, then the
+    output conversion. ``scale_a``: () or (M, 1); ``scale_b``: () or (1, N); ``bias``: None or
+    (N,) float32. Returns a C-contiguous (M, N) array of ``out_dtype``."""
+    from .formats import OUT_DTYPES, encode_output
+
+    a_ops, b_ops = decode(a_codes, a_fmt), decode(bt_codes, b_fmt)
+    M, N = a_ops.m.shape[0], b_ops.m.shape[0]
+    out = np.empty((M, N), dtype=OUT_DTYPES[out_dtype])
+    for rb, cb in blocks(M, N, model.L):
+        acc = accumulate(a_ops.rows(rb), b_ops.rows(cb), plan, model)
+        y = epilogue(acc, scale_a if np.ndim(scale_a) == 0 else scale_a[rb],
+                     scale_b if np.ndim(scale_b) == 0 else scale_b[:, cb], None if bias is None else bias[cb], ep)
+        out[rb, cb] = encode_output(y, out_dtype, nan_bits)
+    return out

@@ -25,7 +25,7 @@ import pytest
 import cpemu
 from cpemu import reference as ref
 from cpemu.cases import Case, operands, sha256_arrays
-from cpemu.formats import FP8_FORMATS, OUT_DTYPES, encode_output
+from cpemu.formats import FP8_FORMATS
 from cpemu.instruction import ADA_SM89, BLACKWELL_SM120, HOPPER_SM90A
 from cpemu.profile import get_profile
 from cpemu.schedule import Plan, slices_for
@@ -69,19 +69,11 @@ def _mode(order="acc*(sa*sb)"):
 
 
 def reference_bits(a_codes, bt_codes, fa, fb, plan, model, mode, sa, sb, bias, out_dtype):
-    """The reference's output bits for explicit plan/model/mode (the loop of cpemu.api.gemm)."""
-    M, N = a_codes.shape[0], bt_codes.shape[0]
-    a_ops = ref.decode(a_codes, FP8_FORMATS[fa])
-    b_ops = ref.decode(bt_codes, FP8_FORMATS[fb])
+    """The reference's output bits for explicit plan/model/mode (cpemu.reference.gemm_codes)."""
     sa = sa.reshape(()) if sa.size == 1 else sa
     sb = sb.reshape(()) if sb.size == 1 else sb
-    out = np.empty((M, N), dtype=OUT_DTYPES[out_dtype])
-    nan_bits = mode.get("nan_bits", {}).get(out_dtype)
-    for rb, cb in ref.blocks(M, N, model.L):
-        acc = ref.accumulate(a_ops.rows(rb), b_ops.rows(cb), plan, model)
-        y = ref.epilogue(acc, sa if sa.ndim == 0 else sa[rb], sb if sb.ndim == 0 else sb[:, cb],
-                         None if bias is None else bias[cb], mode["epilogue"])
-        out[rb, cb] = encode_output(y, out_dtype, nan_bits)
+    out = ref.gemm_codes(a_codes, bt_codes, FP8_FORMATS[fa], FP8_FORMATS[fb], plan, model, mode["epilogue"], sa, sb,
+                         bias, out_dtype, mode.get("nan_bits", {}).get(out_dtype))
     return _bits(out)
 
 
