@@ -165,15 +165,24 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
 
     if chosen != "reference":
         from .cuda.kernels import gemm_cuda
+        from .cuda.tensorcore import TensorCoreUnsupported
 
         import cupy
 
         a_dev = a if on_gpu else cupy.asarray(np.ascontiguousarray(a).view(np.uint8))
         bt_dev = b.T if on_gpu else cupy.asarray(np.ascontiguousarray(b.T).view(np.uint8))
-        y = gemm_cuda(chosen, a_dev, bt_dev, fa.name, fb.name, plan, model, mode, sa, sb, bias_f32, out_dtype)
-        if on_gpu:
-            return y
-        return cupy.asnumpy(y).view(OUT_DTYPES[out_dtype])
+        y = None
+        while y is None and chosen != "reference":
+            try:
+                y = gemm_cuda(chosen, a_dev, bt_dev, fa.name, fb.name, plan, model, mode, sa, sb, bias_f32,
+                              out_dtype)
+            except TensorCoreUnsupported as e:  # this call is beyond the tensor-core path: next backend
+                if backend != "auto":
+                    raise backends.CallUnsupported(f"backend: {chosen!r} does not reproduce this call: {e}") \
+                        from None
+                chosen = backends.select("auto", prof, exclude=(chosen,))
+        if y is not None:
+            return y if on_gpu else cupy.asnumpy(y).view(OUT_DTYPES[out_dtype])
 
     if on_gpu:
         import cupy

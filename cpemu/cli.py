@@ -101,7 +101,7 @@ def _cuda_status() -> dict:
 
 
 def _backends(cuda: dict) -> list[dict]:
-    """Each backend of the ladder: available here, validated for the default profile, or why not."""
+    """Each backend of the ladder: available here, validated for each shipped profile, or why not."""
     from .backends import LADDER, available, validate
     from .profile import DEFAULT_PROFILE, get_profile
 
@@ -113,10 +113,16 @@ def _backends(cuda: dict) -> list[dict]:
             row["detail"] = f"numpy {np.__version__} on the CPU (integer T-FDPA model, the specification)"
             row["validated"] = True
         elif ok:
-            try:
-                row["validated"], row["validation"] = validate(name, get_profile(DEFAULT_PROFILE))
-            except Exception as e:  # noqa: BLE001 - info must not crash
-                row["validated"], row["validation"] = False, f"{type(e).__name__}: {e}"
+            per = {}
+            for pname in profiles():
+                try:
+                    v_ok, v_why = validate(name, get_profile(pname))
+                except Exception as e:  # noqa: BLE001 - info must not crash
+                    v_ok, v_why = False, f"{type(e).__name__}: {e}"
+                per[pname] = {"validated": bool(v_ok), "validation": v_why}
+            row["profiles"] = per
+            default = per.get(DEFAULT_PROFILE, {"validated": False, "validation": "default profile missing"})
+            row["validated"], row["validation"] = default["validated"], default["validation"]
         out.append(row)
     return out
 
@@ -217,9 +223,10 @@ def _print_info(r: dict, cuda: dict):
     echo("Backends:")
     for b in r["backends"]:
         state = "available" if b["available"] else "not available"
-        if b["available"] and b["name"] != "reference":
-            state += ", validated" if b["validated"] else f", NOT validated ({b.get('validation')})"
         echo(f"  {b['name']:<12} {state}{': ' + b['detail'] if b['detail'] else ''}")
+        for pname, v in (b.get("profiles") or {}).items():
+            echo(f"    {pname}: " + ("validated on this device" if v["validated"] else
+                                    f"NOT validated on this device ({v['validation']})"))
     echo("")
     cpu = r["devices"]["cpu"]
     echo("Devices:")

@@ -1110,8 +1110,10 @@ def run_config(bench: Bench, prof, model, mode, label, N, K, data_label, kind, M
             bench.log(f"{'native':12s} {tag:28s} {nr['ms']:11.4f} ms  {nr['tmacs']:.4g} TMAC/s"
                       + (f"  {nr['mac_per_clock_per_sm']:.3g} MAC/clk/SM" if nr.get("mac_per_clock_per_sm") else ""))
 
-    # exactness
-    simple = outputs.get("cuda-simple")
+    # exactness: every kernel's full output against cuda-simple's, or cuda-tiled's where
+    # cuda-simple did not run (cuda-tiled itself equals cuda-simple wherever both ran)
+    base_name = "cuda-simple" if "cuda-simple" in outputs else ("cuda-tiled" if "cuda-tiled" in outputs else None)
+    simple = outputs.get(base_name) if base_name else None
     for name in kernel_list:
         r = results[name]
         ex = dict(where, kernel=name)
@@ -1127,12 +1129,12 @@ def run_config(bench: Bench, prof, model, mode, label, N, K, data_label, kind, M
             if not c["ok"]:
                 bench.fail(f"{name} {tag}: first {rows} rows differ from the reference: {c['mismatches']} outputs, "
                            f"first {c['first_mismatches'][:3]}")
-        if name != "cuda-simple":
+        if name != base_name:
             if simple is not None:
                 c = compare(got, simple)
-                ex["vs_cuda_simple"] = c
+                ex["vs_cuda_simple"] = dict(c, against=base_name)
                 if not c["ok"]:
-                    bench.fail(f"{name} {tag}: full output differs from cuda-simple: {c['mismatches']} outputs, "
+                    bench.fail(f"{name} {tag}: full output differs from {base_name}: {c['mismatches']} outputs, "
                                f"first {c['first_mismatches'][:3]}")
             else:
                 sr = results.get("cuda-simple")
@@ -1209,7 +1211,7 @@ def run_kernel(bench, prof, model, mode, plan, name, base, a, bt, sa, sb, dev, m
                           else prof, scale_a=sa.reshape(()), scale_b=sb.reshape(()), out_dtype=out_dtype,
                           fast_accum=fast_accum, backend=name)
 
-    if name in kernels.KERNELS:
+    if name in kernels.DIRECT:
         def launch():
             return kernels.gemm_cuda(name, a_dev, bt_dev, FMT, FMT, plan, model, mode, dev["sa"], dev["sb"], None,
                                      out_dtype)
@@ -1225,6 +1227,15 @@ def run_kernel(bench, prof, model, mode, plan, name, base, a, bt, sa, sb, dev, m
         span = r.pop("span", None)
         r["span_unix"] = span
         bench.figures(r, macs, bench.clock_of(span))
+        if name == kernels.TENSOR_CORE:
+            from cpemu.cuda import tensorcore
+
+            try:
+                r["algorithm"] = tensorcore.describe(base["M"], base["N"], base["K"], FMT, FMT, out_dtype, fast_accum,
+                                                     False, "tensorwise", plan.splits,
+                                                     ada=model.name == tensorcore.ADA_MODEL)
+            except Exception as e:  # noqa: BLE001 - a record, never a failure
+                r["algorithm"] = {"error": f"{type(e).__name__}: {e}"}
         if launch is not api_launch and r["timing"] == "windows" and r["ms"] < api_max_ms:
             aout, ar = time_device(cp, stream, api_launch, window_s=window_s, windows=windows,
                                    max_call_s=max_call_s, warmup_s=warmup_s)

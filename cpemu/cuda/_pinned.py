@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "9c3131eb0029c8fc10311fd634eb0487d40f97e687b027e5f72035215ef80aca"
+MANIFEST_SHA256 = "516f41ab1a2971af852188a28f353462391a2d78c815f975762a2fdd26a4870d"

@@ -34,7 +34,7 @@ from ..formats import CANONICAL_NAN, OUT_DTYPES, FP8Format, fp8_format
 from ..instruction import InstructionModel
 from ..schedule import Plan
 
-__all__ = ["FAMILIES", "KERNELS", "OUT_KIND", "EPILOGUE_ORDERS", "FROM_SOURCE_ENV", "gemm_cuda", "get_kernel",
+__all__ = ["FAMILIES", "KERNELS", "TENSOR_CORE", "DIRECT", "OUT_KIND", "EPILOGUE_ORDERS", "FROM_SOURCE_ENV", "gemm_cuda", "get_kernel",
            "as_numpy", "source_path", "available"]
 
 #: kernel family -> (module = cuda_src/<module>.cu = bin/<module>.fatbin, kernel name)
@@ -43,6 +43,10 @@ KERNELS = {
     "cuda-tiled": ("gemm_tiled", "cpemu_gemm_tiled"),
 }
 FAMILIES = tuple(KERNELS)
+#: the tensor-core backend (cpemu/cuda/tensorcore.py): same call, device-dependent bits
+TENSOR_CORE = "cublaslt-tc"
+#: every backend gemm_cuda launches
+DIRECT = FAMILIES + (TENSOR_CORE,)
 
 #: out_kind argument of the kernels
 OUT_KIND = {"float32": 0, "bfloat16": 1, "float16": 2}
@@ -203,9 +207,13 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     patterns for bfloat16 and float16 (NaN written as the profile's ``nan_bits``). The kernel
     runs on cupy's current stream; the call does not synchronize. ``defines``: extra macros
     (``"NAME=VALUE"``) to compile the kernel from source with, for tuning experiments only.
+
+    ``kernel_family="cublaslt-tc"`` runs the same call on the device's tensor cores
+    (:mod:`cpemu.cuda.tensorcore`, fast accumulation when ``plan.promotion`` is None); it
+    raises :class:`~cpemu.cuda.tensorcore.TensorCoreUnsupported` for calls it does not reproduce.
     """
-    if kernel_family not in KERNELS:
-        _fail("kernel_family", f"must be one of {FAMILIES}", repr(kernel_family))
+    if kernel_family not in DIRECT:
+        _fail("kernel_family", f"must be one of {DIRECT}", repr(kernel_family))
     cupy = _cupy()
     if not isinstance(a_codes, cupy.ndarray):
         _fail("a_codes", "must be a cupy array of uint8 FP8 codes", type(a_codes).__name__)
@@ -266,6 +274,12 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
         has_bias = 1
         bias = _vector(bias_f32, "bias_f32", cupy, device, lambda s: s == (N,), f"shape (N,) = ({N},)")
 
+    if kernel_family == TENSOR_CORE:
+        from .tensorcore import gemm_tc
+
+        return gemm_tc(a, bt, fa.name, fb.name, plan, model, mode, sa.reshape(M, 1) if sa_stride else sa,
+                       sb.reshape(1, N) if sb_stride else sb, None if bias_f32 is None else bias, out_dtype,
+                       plan.promotion is None)
     with cupy.cuda.Device(device):
         out = cupy.empty((M, N), dtype=cupy.float32 if out_dtype == "float32" else cupy.uint16)
         if M == 0:

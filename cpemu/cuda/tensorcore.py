@@ -1,0 +1,345 @@
+"""``cublaslt-tc``: the device's own FP8 tensor cores, driven with the profile's schedule.
+
+On a Hopper GPU (compute capability 9.0) the FP8 ``wgmma`` instruction *is* the
+``hopper-sm90a-wgmma-fp8`` instruction model, so a GEMM on it gives a profile's bits when
+everything around the instruction follows the profile: the K order, the promotion, the
+split-K slices, the reduction and the epilogue. This backend runs cuBLASLt through its C
+API (``ctypes``) with an explicitly configured algorithm:
+
+* the descriptors torch 2.11 builds for ``torch._scaled_mm`` (``at::cuda::blas::scaled_gemm``;
+  :func:`cpemu.recording.cublaslt_heuristic.build_descs`): cuBLASLt A = ``bt``, B = ``a``,
+  TN layout, FP32 compute, fast accumulation as asked, scales through the A/B scale
+  pointers (scalars, or outer vectors for rowwise), bias through the BIAS epilogue;
+* the algorithm: cuBLASLt's heuristic proposes an algorithm id, tile, stages, cluster and
+  swizzle for the shape (performance only); cpemu then sets the split-K count to the
+  profile's plan (``CUBLASLT_ALGO_CONFIG_SPLITK_NUM``) and the reduction scheme to
+  ``COMPUTE_TYPE`` (FP32 partials added in slice order, the only scheme the H200 recordings
+  show) or ``NONE`` for one slice, and checks the result with ``cublasLtMatmulAlgoCheck``.
+
+Profiles:
+
+* ``hopper-sm90a-wgmma-fp8`` models (``hopper-h200-torch``): any plan whose slices are
+  cuBLASLt's (``ceil(ceil(K/128)/s)`` K tiles of 128) and whose promotion is none (fast
+  accumulation) or 4 steps (cuBLASLt's promotion without fast accumulation);
+* ``ada-sm89-mma-fp8`` models (``ada-rtx4060-torch``): ``a`` and ``bt`` are zero-padded so
+  that every 32-element K block holds 16 real products and 16 zero products
+  (``cuda_src/pad_k16.cu``); a Hopper step on it computes one Ada 16-product step exactly
+  (checked on an H200; FACTS of the profile). Unsplit fast-accumulation plans only: the
+  Ada profile's promotion every 8 Ada steps would need cuBLASLt to promote every 8 Hopper
+  steps, which it does not.
+
+The bits depend on the device and on the cuBLASLt build, unlike the exact CUDA-core
+kernels: :mod:`cpemu.backends` only uses this backend where its validation cases match the
+reference on the device, and :func:`supports` declines every call outside the list above
+(the ladder then takes the next backend).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from ..schedule import Plan, slices_for
+
+__all__ = ["TensorCoreUnsupported", "available", "supports", "gemm_tc", "describe"]
+
+NAME = "cublaslt-tc"
+HOPPER_MODEL = "hopper-sm90a-wgmma-fp8"
+ADA_MODEL = "ada-sm89-mma-fp8"
+#: K tile of cuBLASLt's Hopper FP8 kernels: split-K slices are whole multiples of it.
+K_TILE = 128
+#: cuBLASLt's promotion interval without fast accumulation, in 32-element steps (H200 recordings).
+LT_PROMOTION_STEPS = 4
+REDUCTION_NONE, REDUCTION_COMPUTE_TYPE = 0, 2
+ALGO_ID, ALGO_SPLITK, ALGO_REDUCTION = 0, 2, 3
+#: config fields copied from the heuristic's proposal (performance only): (attr, ctype)
+COPIED_FIELDS = ((1, ctypes.c_uint32), (4, ctypes.c_uint32), (5, ctypes.c_uint32), (6, ctypes.c_uint32),
+                 (7, ctypes.c_uint16), (8, ctypes.c_uint16))
+
+
+class TensorCoreUnsupported(ValueError):
+    """This call is outside what the tensor-core path reproduces (the message says why)."""
+
+
+_lock = threading.RLock()
+_state: dict = {}  # "lt": the CublasLt binding, "handles": {device: handle}, "plans": {key: _Prepared}
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def _lt():
+    """The libcublasLt binding (the instance torch loaded when torch is in the process)."""
+    with _lock:
+        if "lt" in _state:
+            if isinstance(_state["lt"], Exception):
+                raise _state["lt"]
+            return _state["lt"]
+        try:
+            from ..recording import cublaslt_heuristic as h
+
+            path, _how, _tried = h.find_cublaslt(None)
+            lt = h.CublasLt(path)
+            vp, sz, i32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+            palgo = ctypes.POINTER(h.MatmulAlgo)
+            lt.matmul = lt._bind("cublasLtMatmul", i32, [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, palgo,
+                                                         vp, sz, vp])
+            lt.algo_init = lt._bind("cublasLtMatmulAlgoInit", i32, [vp, i32, i32, i32, i32, i32, i32, i32, palgo])
+            lt.algo_config_set = lt._bind("cublasLtMatmulAlgoConfigSetAttribute", i32, [palgo, i32, vp, sz])
+            lt.algo_check = lt._bind("cublasLtMatmulAlgoCheck", i32,
+                                     [vp, vp, vp, vp, vp, vp, palgo, ctypes.POINTER(h.HeuristicResult)])
+            lt.h = h
+            lt.path = path
+        except Exception as e:  # noqa: BLE001 - reported as unavailability
+            err = OSError(f"libcublasLt unusable: {type(e).__name__}: {e}")
+            _state["lt"] = err
+            raise err from None
+        _state["lt"] = lt
+        return lt
+
+
+def _handle(lt, device: int):
+    with _lock:
+        handles = _state.setdefault("handles", {})
+        if device not in handles:
+            cupy = _cupy()
+            with cupy.cuda.Device(device):
+                hd = ctypes.c_void_p()
+                st = lt.create(ctypes.byref(hd))
+                if st != 0:
+                    raise OSError(f"cublasLtCreate -> {st}")
+            handles[device] = hd
+        return handles[device]
+
+
+def available() -> tuple[bool, str]:
+    """(True, detail) when cupy, a compute-capability 9.0 GPU and libcublasLt are present."""
+    try:
+        cupy = _cupy()
+    except ImportError as e:
+        return False, f"cupy is not available ({e}); pip install 'cpemu[cuda12]' or 'cpemu[cuda13]'"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return False, "no CUDA GPU"
+        cc = cupy.cuda.Device().compute_capability
+    except Exception as e:  # noqa: BLE001
+        return False, f"{type(e).__name__}: {e}"
+    if cc != "90":
+        return False, f"needs a Hopper GPU (compute capability 9.0) for FP8 wgmma; this one is {cc[:-1]}.{cc[-1]}"
+    try:
+        lt = _lt()
+    except OSError as e:
+        return False, str(e)
+    return True, f"cuBLASLt {lt.version()} ({lt.path}) on sm_90"
+
+
+def supports(model_name: str, plan: Plan, K: int, scaling: str, fast_accum: bool) -> tuple[bool, str]:
+    """Whether the tensor-core path reproduces this profile plan (see the module docstring)."""
+    s = plan.splits
+    if model_name == HOPPER_MODEL:
+        if tuple(plan.slices) != slices_for(K, s, K_TILE):
+            return False, f"the plan's split-K slices {plan.slices} are not cuBLASLt's {K_TILE}-element K tiles"
+        if plan.promotion not in (None, LT_PROMOTION_STEPS):
+            return False, f"promotion every {plan.promotion} steps (cuBLASLt promotes every {LT_PROMOTION_STEPS})"
+        if (plan.promotion is None) != bool(fast_accum):
+            return False, "the plan's promotion does not match fast_accum"
+        return True, "Hopper FP8 wgmma with the profile's split-K and promotion"
+    if model_name == ADA_MODEL:
+        if s != 1:
+            return False, "the Ada path runs unsplit plans only"
+        if plan.promotion is not None:
+            return False, ("the Ada profile promotes every 8 Ada steps without fast accumulation; cuBLASLt "
+                           "promotes every 4 Hopper steps, which is 4 Ada steps on the padded operands")
+        if scaling != "tensorwise":
+            return False, "the Ada path runs tensorwise scales only"
+        return True, "Hopper FP8 wgmma on zero-padded operands (16 real + 16 zero products per step)"
+    return False, f"no tensor-core path reproduces the instruction model {model_name!r} on sm_90"
+
+
+class _Prepared:
+    """Descriptors and the configured algorithm of one call signature (kept for reuse)."""
+
+    def __init__(self, lt, handle, case, splits: int):
+        h = lt.h
+        self.lt, self.case, self.splits = lt, case, splits
+        ptrs = {"scale_a": 256, "scale_b": 512, "bias": 768}  # placeholders; set per call
+        self.made = h.build_descs(lt, case, ptrs, 1 << 30)
+        try:
+            self.algo, self.config, self.workspace = self._configure(lt, handle, case, splits)
+        except Exception:
+            h.destroy_descs(lt, self.made)
+            raise
+
+    def _configure(self, lt, handle, case, splits):
+        h, m = lt.h, self.made
+        results = (h.HeuristicResult * 1)()
+        count = ctypes.c_int(0)
+        st = lt.get_heuristic(handle, m["desc"], m["A"], m["B"], m["C"], m["D"], m["pref"], 1, results,
+                              ctypes.byref(count))
+        if st != 0 or count.value < 1:
+            raise TensorCoreUnsupported(f"cuBLASLt has no algorithm for this call (heuristic status {st}, "
+                                        f"{count.value} results)")
+        proposal = lt.read_algo(results[0].algo)
+        algo = h.MatmulAlgo()
+        ab = h.DTYPES
+        out_t = ab[case.out_dtype][1]
+        lt._check("cublasLtMatmulAlgoInit",
+                  lt.algo_init(handle, h.CUBLAS_COMPUTE_32F, h.CUDA_R_32F, ab[case.b_dtype][1], ab[case.a_dtype][1],
+                               out_t, out_t, int(proposal["algo_id"]), ctypes.byref(algo)))
+
+        def put(attr, value):
+            lt._check(f"AlgoConfigSetAttribute {attr}",
+                      lt.algo_config_set(ctypes.byref(algo), attr, ctypes.byref(value), ctypes.sizeof(value)))
+
+        names = dict((f[1], f[0]) for f in h.ALGO_CONFIG_FIELDS)
+        for attr, ctype in COPIED_FIELDS:
+            v = proposal.get(names[attr])
+            if v is not None:
+                put(attr, ctype(v))
+        put(ALGO_SPLITK, ctypes.c_int32(splits))
+        put(ALGO_REDUCTION, ctypes.c_uint32(REDUCTION_COMPUTE_TYPE if splits > 1 else REDUCTION_NONE))
+        res = h.HeuristicResult()
+        st = lt.algo_check(handle, m["desc"], m["A"], m["B"], m["C"], m["D"], ctypes.byref(algo), ctypes.byref(res))
+        if st != 0:
+            raise TensorCoreUnsupported(f"cuBLASLt refuses the configured algorithm (algo {proposal['algo_id']}, "
+                                        f"split-K {splits}): cublasLtMatmulAlgoCheck -> {st}")
+        config = lt.read_algo(algo)
+        if config.get("splitk_num") not in (None, splits):
+            raise TensorCoreUnsupported(f"cuBLASLt kept split-K {config.get('splitk_num')}, not {splits}")
+        config["heuristic_proposal"] = proposal
+        return algo, config, int(res.workspaceSize)
+
+    def close(self):
+        self.lt.h.destroy_descs(self.lt, self.made)
+
+
+def _prepared(lt, device, handle, case, splits) -> _Prepared:
+    key = (device, case, splits)
+    with _lock:
+        plans = _state.setdefault("plans", {})
+        p = plans.get(key)
+        if p is None:
+            p = _Prepared(lt, handle, case, splits)
+            if len(plans) > 256:  # bounded: drop the oldest signature
+                old = plans.pop(next(iter(plans)))
+                old.close()
+            plans[key] = p
+        return p
+
+
+def _pad_k16(x):
+    """(rows, K) uint8 codes -> (rows, 2K): each 16 codes followed by 16 zero codes."""
+    cupy = _cupy()
+    rows, K = x.shape
+    out = cupy.empty((rows, 2 * K), dtype=cupy.uint8)
+    chunks = rows * K // 16
+    if not chunks:
+        return out
+    if x.flags.c_contiguous and x.data.ptr % 16 == 0:
+        from .loader import get_function
+
+        fn = get_function("pad_k16", "cpemu_pad_k16_to_k32")
+        threads = 256
+        blocks = min((chunks + threads - 1) // threads, 65535 * 8)
+        fn((blocks, 1, 1), (threads, 1, 1), (x, out, np.int64(chunks)))
+    else:
+        v = out.reshape(rows, K // 16, 32)
+        v[:, :, 16:] = 0
+        v[:, :, :16] = x.reshape(rows, K // 16, 16)
+    return out
+
+
+def _device_f32(x, cupy, device, n_ok):
+    arr = x if isinstance(x, cupy.ndarray) else cupy.asarray(np.asarray(x, dtype=np.float32))
+    if arr.dtype != np.float32 or arr.size not in n_ok:
+        raise TensorCoreUnsupported(f"scale of shape {arr.shape} and dtype {arr.dtype} is not accepted")
+    if arr.device.id != device:
+        raise ValueError(f"scale: must be on device {device} (got device {arr.device.id})")
+    return cupy.ascontiguousarray(arr.reshape(-1))
+
+
+def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, mode: dict, scale_a, scale_b,
+            bias_f32, out_dtype: str, fast_accum: bool):
+    """The profile's bits on the device's tensor cores (see the module docstring).
+
+    Arguments as :func:`cpemu.cuda.kernels.gemm_cuda` (operands already checked there),
+    plus ``fast_accum``. Raises :class:`TensorCoreUnsupported` for calls this path does not
+    reproduce. Returns a cupy (M, N) array: float32, or uint16 bits for bf16/fp16.
+    """
+    cupy = _cupy()
+    device = a_codes.device.id
+    M, K = a_codes.shape
+    N = bt_codes.shape[0]
+    scaling = "tensorwise" if (np.size(scale_a) == 1 and np.size(scale_b) == 1) else "rowwise"
+    ok, why = supports(model.name, plan, K, scaling, fast_accum)
+    if not ok:
+        raise TensorCoreUnsupported(why)
+    order = (mode.get("epilogue") or {}).get("order")
+    want_order = "acc*(sa*sb)" if scaling == "tensorwise" else "(acc*sb)*sa"
+    if order != want_order:
+        raise TensorCoreUnsupported(f"cuBLASLt's {scaling} epilogue is {want_order}; the profile says {order}")
+    if a_format == "e5m2" and b_format == "e5m2":
+        raise TensorCoreUnsupported("cuBLASLt has no e5m2 x e5m2 FP8 GEMM")
+    nan_bits = (mode.get("nan_bits") or {}).get(out_dtype)
+    if nan_bits is not None and int(nan_bits) != {"float32": 0x7FFFFFFF}.get(out_dtype, 0x7FFF):
+        raise TensorCoreUnsupported(f"the profile's NaN pattern 0x{int(nan_bits):x} is not cuBLASLt's")
+    ada = model.name == ADA_MODEL
+    lt = _lt()
+    from ..recording.cublaslt_heuristic import Case as LtCase
+
+    with cupy.cuda.Device(device):
+        handle = _handle(lt, device)
+        if ada:
+            a_codes, bt_codes = _pad_k16(a_codes), _pad_k16(bt_codes)
+            K = 2 * K
+        # the heuristic's algorithms assume 256-byte aligned operands (its default preference)
+        a_codes = a_codes if a_codes.data.ptr % 256 == 0 else a_codes.copy()
+        bt_codes = bt_codes if bt_codes.data.ptr % 256 == 0 else bt_codes.copy()
+        case = LtCase(M, N, K, a_format, b_format, out_dtype, bool(fast_accum), bias_f32 is not None, scaling)
+        prep = _prepared(lt, device, handle, case, plan.splits)
+        sa = _device_f32(scale_a, cupy, device, (1, M) if scaling == "rowwise" else (1,))
+        sb = _device_f32(scale_b, cupy, device, (1, N) if scaling == "rowwise" else (1,))
+        out = cupy.empty((M, N), dtype=cupy.float32 if out_dtype == "float32" else cupy.uint16)
+        if M == 0:
+            return out
+        bias = None
+        if bias_f32 is not None:
+            b32 = cupy.asarray(np.asarray(bias_f32, dtype=np.float32)) if not isinstance(bias_f32, cupy.ndarray) \
+                else bias_f32
+            # the bias was widened exactly from bf16/fp16 (the output dtype): narrow it back
+            bias = (b32.view(cupy.uint32) >> 16).astype(cupy.uint16) if out_dtype == "bfloat16" else \
+                b32.astype(cupy.float16)
+        ws = cupy.empty(max(prep.workspace, 1), dtype=cupy.uint8)
+        stream = cupy.cuda.get_current_stream().ptr
+        h = lt.h
+        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        with _lock:  # the descriptor's pointers are per call
+            desc = prep.made["desc"]
+            # cuBLASLt A is torch's b: its scale is scale_b; B (torch's a) takes scale_a
+            lt.set_desc(desc, h.DESC_A_SCALE_POINTER, ctypes.c_void_p(sb.data.ptr), "set A_SCALE_POINTER")
+            lt.set_desc(desc, h.DESC_B_SCALE_POINTER, ctypes.c_void_p(sa.data.ptr), "set B_SCALE_POINTER")
+            if bias is not None:
+                lt.set_desc(desc, h.DESC_BIAS_POINTER, ctypes.c_void_p(bias.data.ptr), "set BIAS_POINTER")
+            m = prep.made
+            lt._check("cublasLtMatmul", lt.matmul(handle, desc, ctypes.byref(one), bt_codes.data.ptr, m["A"],
+                                                  a_codes.data.ptr, m["B"], ctypes.byref(zero), out.data.ptr,
+                                                  m["C"], out.data.ptr, m["D"], ctypes.byref(prep.algo),
+                                                  ws.data.ptr, ws.nbytes, stream))
+    return out
+
+
+def describe(M, N, K, a_format, b_format, out_dtype, fast_accum, bias, scaling, splits, ada=False) -> dict:
+    """The algorithm configuration this backend runs for a call signature (for records)."""
+    cupy = _cupy()
+    lt = _lt()
+    from ..recording.cublaslt_heuristic import Case as LtCase
+
+    device = cupy.cuda.Device().id
+    case = LtCase(M, N, 2 * K if ada else K, a_format, b_format, out_dtype, bool(fast_accum), bool(bias), scaling)
+    p = _prepared(lt, device, _handle(lt, device), case, splits)
+    return dict(p.config, workspace_bytes=p.workspace, names=lt.h.describe_algo(p.config))
