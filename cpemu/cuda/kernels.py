@@ -260,6 +260,11 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     nan_bits = (mode.get("nan_bits") or {}).get(out_dtype)
     nan_bits = CANONICAL_NAN[out_dtype] if nan_bits is None else int(nan_bits)
 
+    if kernel_family == TENSOR_CORE:  # scales are checked and uploaded (once per value) there
+        from .tensorcore import gemm_tc
+
+        return gemm_tc(a, bt, fa.name, fb.name, plan, model, mode, scale_a, scale_b, bias_f32, out_dtype,
+                       plan.promotion is None)
     sa = _vector(scale_a, "scale_a", cupy, device, lambda s: int(np.prod(s)) == 1 or s == (M, 1),
                  f"one element (tensorwise) or shape (M, 1) = ({M}, 1) (rowwise)")
     sb = _vector(scale_b, "scale_b", cupy, device, lambda s: int(np.prod(s)) == 1 or s == (1, N),
@@ -274,12 +279,6 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
         has_bias = 1
         bias = _vector(bias_f32, "bias_f32", cupy, device, lambda s: s == (N,), f"shape (N,) = ({N},)")
 
-    if kernel_family == TENSOR_CORE:
-        from .tensorcore import gemm_tc
-
-        return gemm_tc(a, bt, fa.name, fb.name, plan, model, mode, sa.reshape(M, 1) if sa_stride else sa,
-                       sb.reshape(1, N) if sb_stride else sb, None if bias_f32 is None else bias, out_dtype,
-                       plan.promotion is None)
     with cupy.cuda.Device(device):
         out = cupy.empty((M, N), dtype=cupy.float32 if out_dtype == "float32" else cupy.uint16)
         if M == 0:

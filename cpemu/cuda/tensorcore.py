@@ -212,6 +212,7 @@ class _Prepared:
         if config.get("splitk_num") not in (None, splits):
             raise TensorCoreUnsupported(f"cuBLASLt kept split-K {config.get('splitk_num')}, not {splits}")
         config["heuristic_proposal"] = proposal
+        self.algo_ref = ctypes.byref(algo)
         return algo, config, int(res.workspaceSize)
 
     def close(self):
@@ -232,6 +233,16 @@ def _prepared(lt, device, handle, case, splits) -> _Prepared:
         return p
 
 
+def _pad_function(device: int):
+    with _lock:
+        fns = _state.setdefault("pad", {})
+        if device not in fns:
+            from .loader import get_function
+
+            fns[device] = get_function("pad_k16", "cpemu_pad_k16_to_k32", device)
+        return fns[device]
+
+
 def _pad_k16(x):
     """(rows, K) uint8 codes -> (rows, 2K): each 16 codes followed by 16 zero codes."""
     cupy = _cupy()
@@ -241,12 +252,9 @@ def _pad_k16(x):
     if not chunks:
         return out
     if x.flags.c_contiguous and x.data.ptr % 16 == 0:
-        from .loader import get_function
-
-        fn = get_function("pad_k16", "cpemu_pad_k16_to_k32")
         threads = 256
         blocks = min((chunks + threads - 1) // threads, 65535 * 8)
-        fn((blocks, 1, 1), (threads, 1, 1), (x, out, np.int64(chunks)))
+        _pad_function(x.device.id)((blocks, 1, 1), (threads, 1, 1), (x, out, np.int64(chunks)))
     else:
         v = out.reshape(rows, K // 16, 32)
         v[:, :, 16:] = 0
@@ -254,28 +262,48 @@ def _pad_k16(x):
     return out
 
 
-def _device_f32(x, cupy, device, n_ok):
-    arr = x if isinstance(x, cupy.ndarray) else cupy.asarray(np.asarray(x, dtype=np.float32))
-    if arr.dtype != np.float32 or arr.size not in n_ok:
-        raise TensorCoreUnsupported(f"scale of shape {arr.shape} and dtype {arr.dtype} is not accepted")
-    if arr.device.id != device:
-        raise ValueError(f"scale: must be on device {device} (got device {arr.device.id})")
-    return cupy.ascontiguousarray(arr.reshape(-1))
+def _scale(x, name: str, cupy, device: int, size: int, what: str):
+    """A float32 scale (numpy or cupy) as a contiguous device vector of ``size`` elements.
+
+    Tensorwise host scalars are uploaded once per value and device (a small cache), so a
+    repeated call does no host-to-device copy."""
+    if isinstance(x, cupy.ndarray):
+        if x.dtype != np.float32 or x.size != size:
+            raise ValueError(f"{name}: must be float32 with {what} (got {x.dtype}, shape {x.shape})")
+        if x.device.id != device:
+            raise ValueError(f"{name}: must be on the device of the operands (device {device}; got {x.device.id})")
+        return x.reshape(size) if x.flags.c_contiguous else cupy.ascontiguousarray(x).reshape(size)
+    arr = np.asarray(x)
+    if arr.dtype != np.float32 or arr.size != size:
+        raise ValueError(f"{name}: must be float32 with {what} (got {arr.dtype}, shape {arr.shape})")
+    if size != 1:
+        return cupy.asarray(np.ascontiguousarray(arr).reshape(size))
+    key = (device, arr.tobytes())
+    cache = _state.setdefault("scalars", {})
+    dev = cache.get(key)
+    if dev is None:
+        if len(cache) > 1024:
+            cache.clear()
+        dev = cache[key] = cupy.asarray(arr.reshape(1))
+    return dev
 
 
-def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, mode: dict, scale_a, scale_b,
-            bias_f32, out_dtype: str, fast_accum: bool):
-    """The profile's bits on the device's tensor cores (see the module docstring).
+class _Signature:
+    """Everything about a call signature that is decided once: checks, descriptors, algorithm."""
 
-    Arguments as :func:`cpemu.cuda.kernels.gemm_cuda` (operands already checked there),
-    plus ``fast_accum``. Raises :class:`TensorCoreUnsupported` for calls this path does not
-    reproduce. Returns a cupy (M, N) array: float32, or uint16 bits for bf16/fp16.
-    """
-    cupy = _cupy()
-    device = a_codes.device.id
-    M, K = a_codes.shape
-    N = bt_codes.shape[0]
-    scaling = "tensorwise" if (np.size(scale_a) == 1 and np.size(scale_b) == 1) else "rowwise"
+    __slots__ = ("prep", "ada", "out_dtype", "last")
+
+    def __init__(self, prep, ada, out_dtype):
+        self.prep, self.ada, self.out_dtype, self.last = prep, ada, out_dtype, None
+
+
+def _signature(device, M, N, K, a_format, b_format, plan, model, mode, scaling, has_bias, out_dtype, fast_accum):
+    key = (device, M, N, K, a_format, b_format, plan, model.name, scaling, has_bias, out_dtype, bool(fast_accum),
+           (mode.get("epilogue") or {}).get("order"), (mode.get("nan_bits") or {}).get(out_dtype))
+    sigs = _state.setdefault("signatures", {})
+    sig = sigs.get(key)
+    if sig is not None:
+        return sig
     ok, why = supports(model.name, plan, K, scaling, fast_accum)
     if not ok:
         raise TensorCoreUnsupported(why)
@@ -292,45 +320,76 @@ def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, 
     lt = _lt()
     from ..recording.cublaslt_heuristic import Case as LtCase
 
+    case = LtCase(M, N, 2 * K if ada else K, a_format, b_format, out_dtype, bool(fast_accum), has_bias, scaling)
+    prep = _prepared(lt, device, _handle(lt, device), case, plan.splits)
+    sig = _Signature(prep, ada, out_dtype)
+    with _lock:
+        if len(sigs) > 256:
+            sigs.clear()
+        sigs[key] = sig
+    return sig
+
+
+def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, mode: dict, scale_a, scale_b,
+            bias_f32, out_dtype: str, fast_accum: bool):
+    """The profile's bits on the device's tensor cores (see the module docstring).
+
+    Arguments as :func:`cpemu.cuda.kernels.gemm_cuda` (operands already checked there;
+    scales numpy or cupy float32: one element each, or (M, 1) and (1, N) for rowwise),
+    plus ``fast_accum``. Raises :class:`TensorCoreUnsupported` for calls this path does not
+    reproduce. Returns a cupy (M, N) array: float32, or uint16 bits for bf16/fp16.
+    """
+    cupy = _cupy()
+    device = a_codes.device.id
+    M, K = a_codes.shape
+    N = bt_codes.shape[0]
+    scaling = "tensorwise" if (np.size(scale_a) == 1 and np.size(scale_b) == 1) else "rowwise"
+    sig = _signature(device, M, N, K, a_format, b_format, plan, model, mode, scaling, bias_f32 is not None,
+                     out_dtype, fast_accum)
+    prep, lt = sig.prep, sig.prep.lt
+    rowwise = scaling == "rowwise"
     with cupy.cuda.Device(device):
-        handle = _handle(lt, device)
-        if ada:
-            a_codes, bt_codes = _pad_k16(a_codes), _pad_k16(bt_codes)
-            K = 2 * K
-        # the heuristic's algorithms assume 256-byte aligned operands (its default preference)
-        a_codes = a_codes if a_codes.data.ptr % 256 == 0 else a_codes.copy()
-        bt_codes = bt_codes if bt_codes.data.ptr % 256 == 0 else bt_codes.copy()
-        case = LtCase(M, N, K, a_format, b_format, out_dtype, bool(fast_accum), bias_f32 is not None, scaling)
-        prep = _prepared(lt, device, handle, case, plan.splits)
-        sa = _device_f32(scale_a, cupy, device, (1, M) if scaling == "rowwise" else (1,))
-        sb = _device_f32(scale_b, cupy, device, (1, N) if scaling == "rowwise" else (1,))
+        sa = _scale(scale_a, "scale_a", cupy, device, M if rowwise else 1,
+                    f"shape (M, 1) = ({M}, 1)" if rowwise else "one element")
+        sb = _scale(scale_b, "scale_b", cupy, device, N if rowwise else 1,
+                    f"shape (1, N) = (1, {N})" if rowwise else "one element")
         out = cupy.empty((M, N), dtype=cupy.float32 if out_dtype == "float32" else cupy.uint16)
         if M == 0:
             return out
+        if sig.ada:
+            a_codes, bt_codes = _pad_k16(a_codes), _pad_k16(bt_codes)
+        # the heuristic's algorithms assume 256-byte aligned operands (its default preference)
+        a_codes = a_codes if a_codes.data.ptr % 256 == 0 else a_codes.copy()
+        bt_codes = bt_codes if bt_codes.data.ptr % 256 == 0 else bt_codes.copy()
         bias = None
         if bias_f32 is not None:
-            b32 = cupy.asarray(np.asarray(bias_f32, dtype=np.float32)) if not isinstance(bias_f32, cupy.ndarray) \
-                else bias_f32
+            b32 = bias_f32 if isinstance(bias_f32, cupy.ndarray) else cupy.asarray(np.asarray(bias_f32, np.float32))
             # the bias was widened exactly from bf16/fp16 (the output dtype): narrow it back
             bias = (b32.view(cupy.uint32) >> 16).astype(cupy.uint16) if out_dtype == "bfloat16" else \
                 b32.astype(cupy.float16)
-        ws = cupy.empty(max(prep.workspace, 1), dtype=cupy.uint8)
+        ws = cupy.empty(prep.workspace, dtype=cupy.uint8) if prep.workspace else None
         stream = cupy.cuda.get_current_stream().ptr
         h = lt.h
-        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        m = prep.made
+        ptrs = (sa.data.ptr, sb.data.ptr, None if bias is None else bias.data.ptr)
         with _lock:  # the descriptor's pointers are per call
-            desc = prep.made["desc"]
-            # cuBLASLt A is torch's b: its scale is scale_b; B (torch's a) takes scale_a
-            lt.set_desc(desc, h.DESC_A_SCALE_POINTER, ctypes.c_void_p(sb.data.ptr), "set A_SCALE_POINTER")
-            lt.set_desc(desc, h.DESC_B_SCALE_POINTER, ctypes.c_void_p(sa.data.ptr), "set B_SCALE_POINTER")
-            if bias is not None:
-                lt.set_desc(desc, h.DESC_BIAS_POINTER, ctypes.c_void_p(bias.data.ptr), "set BIAS_POINTER")
-            m = prep.made
-            lt._check("cublasLtMatmul", lt.matmul(handle, desc, ctypes.byref(one), bt_codes.data.ptr, m["A"],
-                                                  a_codes.data.ptr, m["B"], ctypes.byref(zero), out.data.ptr,
-                                                  m["C"], out.data.ptr, m["D"], ctypes.byref(prep.algo),
-                                                  ws.data.ptr, ws.nbytes, stream))
+            if sig.last != ptrs:
+                # cuBLASLt A is torch's b: its scale is scale_b; B (torch's a) takes scale_a
+                lt.set_desc(m["desc"], h.DESC_A_SCALE_POINTER, ctypes.c_void_p(ptrs[1]), "set A_SCALE_POINTER")
+                lt.set_desc(m["desc"], h.DESC_B_SCALE_POINTER, ctypes.c_void_p(ptrs[0]), "set B_SCALE_POINTER")
+                if bias is not None:
+                    lt.set_desc(m["desc"], h.DESC_BIAS_POINTER, ctypes.c_void_p(ptrs[2]), "set BIAS_POINTER")
+                sig.last = ptrs
+            st = lt.matmul(_state["handles"][device], m["desc"], _ONE, bt_codes.data.ptr, m["A"], a_codes.data.ptr,
+                           m["B"], _ZERO, out.data.ptr, m["C"], out.data.ptr, m["D"], prep.algo_ref,
+                           0 if ws is None else ws.data.ptr, prep.workspace, stream)
+        if st != 0:
+            raise lt.h.LtError("cublasLtMatmul", st)
     return out
+
+
+_ONE_F, _ZERO_F = ctypes.c_float(1.0), ctypes.c_float(0.0)
+_ONE, _ZERO = ctypes.byref(_ONE_F), ctypes.byref(_ZERO_F)
 
 
 def describe(M, N, K, a_format, b_format, out_dtype, fast_accum, bias, scaling, splits, ada=False) -> dict:
