@@ -125,8 +125,13 @@ def _load(name: str) -> Profile:
 
 def profiles() -> list[str]:
     """Names of the profiles shipped with cpemu."""
-    return sorted(p.name[:-5] for p in resources.files("cpemu.profile_data").iterdir()
-                  if p.name.endswith(".json") and "." not in p.name[:-5])
+    return list(_shipped())
+
+
+@lru_cache(maxsize=1)
+def _shipped() -> tuple:
+    return tuple(sorted(p.name[:-5] for p in resources.files("cpemu.profile_data").iterdir()
+                        if p.name.endswith(".json") and "." not in p.name[:-5]))
 
 
 def get_profile(name: str | Profile = DEFAULT_PROFILE) -> Profile:
@@ -135,6 +140,6 @@ def get_profile(name: str | Profile = DEFAULT_PROFILE) -> Profile:
         return name
     if isinstance(name, str) and (name.endswith(".json") or "/" in name):
         return Profile.from_file(name)
-    if name not in profiles():
+    if name not in _shipped():
         raise ValueError(f"profile: unknown profile {name!r}; available: {profiles()}")
     return _load(name)
