@@ -1,0 +1,58 @@
+"""The committed H200 benchmark records (benchmarks/h200) and tools/bench_summary.py.
+
+The records are the benchmark of record: every point of the Evo 2 grid for the hopper
+profile with every backend and the native baseline, and no exactness failure. The summary
+tool must exit 1 when a record holds a failed check.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+
+from click.testing import CliRunner
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("cpemu_tools_bench_summary",
+                                               os.path.join(HERE, "..", "tools", "bench_summary.py"))
+_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+load_points, main = _mod.load_points, _mod.main
+RECORDS = sorted(glob.glob(os.path.join(HERE, "..", "benchmarks", "h200", "*.json")))
+SHAPES, DATA, MS = ("evo2-1b", "evo2-7b", "evo2-40b"), ("gauss40", "adversarial"), (16, 64, 256, 1024, 2048, 8192)
+
+
+def test_records_cover_the_grid():
+    pts = load_points(RECORDS)
+    for shape in SHAPES:
+        for data in DATA:
+            for M in MS:
+                p = pts[("hopper-h200-torch", shape, data, M)]
+                assert {"cublaslt-tc", "cuda-tiled", "cuda-simple", "native"} <= set(p), (shape, data, M, set(p))
+            p = pts[("ada-rtx4060-torch", shape, data, 2048)]
+            assert {"cublaslt-tc", "native"} <= set(p)
+
+
+def test_every_check_passed():
+    for path in RECORDS:
+        with open(path) as f:
+            rec = json.load(f)
+        assert not rec["failures"], (path, rec["failures"][:2])
+        for e in rec["exactness"]:
+            assert e.get("ok") is not False, (path, e)
+            assert (e.get("vs_reference_rows") or {}).get("ok") is not False
+
+
+def test_summary_exit_status(tmp_path):
+    r = CliRunner().invoke(main, RECORDS + ["--M", "2048"])
+    assert r.exit_code == 0, r.output
+    assert "| hopper-h200-torch | evo2-40b | gauss40 | 2048 |" in r.output
+    with open(RECORDS[0]) as f:
+        rec = json.load(f)
+    rec["exactness"][0]["ok"] = False
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(rec))
+    r = CliRunner().invoke(main, [str(bad)])
+    assert r.exit_code == 1 and "FAIL" in r.output
