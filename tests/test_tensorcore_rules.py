@@ -68,3 +68,52 @@ def test_forced_backend_without_it_names_the_reason():
     with pytest.raises(backends.BackendUnavailable, match="cublaslt-tc"):
         cpemu.gemm(a, b, backend="cublaslt-tc")
     assert why  # a reason is given (no cupy, no GPU, not sm_90, no libcublasLt)
+
+
+class _FakeLt:
+    """Stands in for the cuBLASLt binding: counts descriptor creation and destruction."""
+
+    def __init__(self, fail=False):
+        import types
+
+        self.created, self.destroyed, self.fail = 0, [], fail
+        lt = self
+
+        def build_descs(_lt, case, ptrs, ws):
+            lt.created += 1
+            return {"desc": lt.created}
+
+        def destroy_descs(_lt, made):
+            lt.destroyed.append(made["desc"])
+
+        self.h = types.SimpleNamespace(build_descs=build_descs, destroy_descs=destroy_descs)
+
+
+def test_descriptor_lifetime(monkeypatch):
+    """Evicted descriptor sets are destroyed once, and only when no signature holds them; a failed
+    configuration destroys its descriptors once."""
+    import gc
+
+    def configure(self, lt, handle, case, splits):
+        if lt.fail:
+            raise tc.TensorCoreUnsupported("refused")
+        return object(), {}, 0
+
+    monkeypatch.setattr(tc._Prepared, "_configure", configure)
+    monkeypatch.setitem(tc._state, "plans", {})
+    lt = _FakeLt()
+    held = tc._prepared(lt, 0, None, ("case", 0), 1)  # a signature keeps this one
+    for i in range(1, 300):
+        tc._prepared(lt, 0, None, ("case", i), 1)
+    gc.collect()
+    assert lt.created == 300
+    assert held.made == {"desc": 1} and 1 not in lt.destroyed  # evicted from the cache, still alive
+    assert len(set(lt.destroyed)) == len(lt.destroyed) and len(lt.destroyed) >= 300 - 257 - 1
+    del held
+    gc.collect()
+    assert lt.destroyed.count(1) == 1
+    bad = _FakeLt(fail=True)
+    with pytest.raises(tc.TensorCoreUnsupported):
+        tc._Prepared(bad, None, ("case", "x"), 1)
+    gc.collect()
+    assert bad.destroyed == [1]

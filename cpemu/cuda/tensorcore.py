@@ -172,7 +172,7 @@ class _Prepared:
         try:
             self.algo, self.config, self.workspace = self._configure(lt, handle, case, splits)
         except Exception:
-            h.destroy_descs(lt, self.made)
+            self.close()
             raise
 
     def _configure(self, lt, handle, case, splits):
@@ -216,7 +216,15 @@ class _Prepared:
         return algo, config, int(res.workspaceSize)
 
     def close(self):
-        self.lt.h.destroy_descs(self.lt, self.made)
+        made, self.made = self.made, None
+        if made is not None:
+            self.lt.h.destroy_descs(self.lt, made)
+
+    def __del__(self):  # descriptors are host objects: destroyed once no signature or call holds them
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
 
 def _prepared(lt, device, handle, case, splits) -> _Prepared:
@@ -226,9 +234,8 @@ def _prepared(lt, device, handle, case, splits) -> _Prepared:
         p = plans.get(key)
         if p is None:
             p = _Prepared(lt, handle, case, splits)
-            if len(plans) > 256:  # bounded: drop the oldest signature
-                old = plans.pop(next(iter(plans)))
-                old.close()
+            if len(plans) > 256:  # bounded: forget the oldest (destroyed when no call holds it)
+                plans.pop(next(iter(plans)))
             plans[key] = p
         return p
 
