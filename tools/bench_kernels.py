@@ -35,7 +35,7 @@ batch of at most 128 launches, too few to fill the driver's launch queue: ``host
 set when it is at least 90 % of the GPU time per call (the GPU then waits for Python, and the
 figure is a launch-overhead figure, not a kernel figure).
 
-Which call is timed. ``cuda-tiled`` and ``cuda-simple`` are timed through
+Which call is timed. ``cublaslt-tc``, ``cuda-tiled`` and ``cuda-simple`` are timed through
 ``cpemu.cuda.kernels.gemm_cuda`` ("direct"), with the plan from ``profile.plan(...)`` and the
 scales already on the device, exactly as ``cpemu.gemm`` calls it: the kernel plus the launch
 wrapper's argument checks, without cpemu.gemm's per-call Python (profile lookup, scale and
@@ -64,9 +64,10 @@ this torch).
 
 Exactness. Each kernel's output is compared bit for bit with the reference on the first
 ``--check-rows`` rows (full width; computed on the host by :mod:`cpemu.reference` with the
-plan of the full shape), every kernel's full output with ``cuda-simple``'s (when cuda-simple
-ran on that configuration), the ``api`` output with the direct one, and each CUDA backend
-passes ``cpemu.backends.validate`` (six hard cases). Any mismatch, a kernel error, or a
+plan of the full shape), every kernel's full output with ``cuda-simple``'s (or, where
+cuda-simple did not run on that configuration, with ``cuda-tiled``'s; recorded under
+``vs_cuda_simple`` with ``against``), the ``api`` output with the direct one, and each CUDA
+backend passes ``cpemu.backends.validate`` (six hard cases, ten for cublaslt-tc). Any mismatch, a kernel error, or a
 requested backend (or an explicit ``--native``) that cannot run is printed and makes the exit
 status 1, after the JSON is written (2: bad options, or no CUDA backend available for the
 default ``--kernels``; 130: interrupted). The JSON is rewritten after every (shape, data, M),

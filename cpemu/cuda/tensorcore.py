@@ -298,10 +298,10 @@ def _scale(x, name: str, cupy, device: int, size: int, what: str):
 class _Signature:
     """Everything about a call signature that is decided once: checks, descriptors, algorithm."""
 
-    __slots__ = ("prep", "ada", "out_dtype", "last")
+    __slots__ = ("prep", "ada", "last")
 
-    def __init__(self, prep, ada, out_dtype):
-        self.prep, self.ada, self.out_dtype, self.last = prep, ada, out_dtype, None
+    def __init__(self, prep, ada):
+        self.prep, self.ada, self.last = prep, ada, None
 
 
 def _signature(device, M, N, K, a_format, b_format, plan, model, mode, scaling, has_bias, out_dtype, fast_accum):
@@ -329,7 +329,7 @@ def _signature(device, M, N, K, a_format, b_format, plan, model, mode, scaling, 
 
     case = LtCase(M, N, 2 * K if ada else K, a_format, b_format, out_dtype, bool(fast_accum), has_bias, scaling)
     prep = _prepared(lt, device, _handle(lt, device), case, plan.splits)
-    sig = _Signature(prep, ada, out_dtype)
+    sig = _Signature(prep, ada)
     with _lock:
         if len(sigs) > 256:
             sigs.clear()
