@@ -3,30 +3,40 @@
 // Same numbers as cuda_src/gemm_simple.cu and cpemu/reference.py (tfdpa, chain, accumulate,
 // epilogue), computed faster: a block owns a CPT_BM x CPT_BN tile of outputs, each thread
 // CPT_TM x CPT_TN of them; for every T-FDPA step (L products along K) the block decodes the
-// step's FP8 codes of A and B once into shared memory (value, sign word, exponent), and each
-// thread runs the step for its outputs from there.
+// step's FP8 codes of A and B once into shared memory (magnitude, sign mask, pass 1's operand,
+// per-row sign bits and NaN/Inf flags), and each thread runs the step for its outputs from
+// there, while the next step's codes load.
 //
 // One step for one output (reference.tfdpa), in two passes over the L products:
 //
-// 1. e_max = max(e_a + e_b over the nonzero products, exponent of c). Zero, NaN and Inf
-//    codes carry the exponent CPT_SENT, far below anything that can decide e_max (the same
-//    trick as reference.ZERO_EXP). On sm_90 the exponents are packed two per 32-bit word
-//    and one DPX instruction (__viaddmax_s16x2: max(a + b, c) per 16-bit lane) updates two
-//    outputs.
+// 1. e_max = max(e_a + e_b over the nonzero products, exponent of c). e4m3 x e4m3 on the
+//    fast path: from a bf16 sum of powers of two, two products per fma.rn.bf16x2 on the FP
+//    pipe (cpt_emax_bf16). Otherwise from the exponents, where zero, NaN and Inf codes carry
+//    CPT_SENT, far below anything that can decide e_max (the same trick as
+//    reference.ZERO_EXP); on sm_90 they are packed two per 32-bit word and one DPX
+//    instruction (__viaddmax_s16x2: max(a + b, c) per 16-bit lane) updates two outputs.
 //
-// 2. The truncated sum. Fast path (F <= 16, i.e. Ada and Hopper: F = 13): every term is
-//    truncated toward zero to the grid 2**g, g = e_max - F, by one IEEE round-toward-zero
-//    fused multiply-add against the constant Cs = +-2**(g + 23) (sign of the product):
-//        T = RZ(a * b + Cs) - Cs
-//    exact because a*b has at most 8 significant bits, |a*b| < 2**(e_max + 2) <= 2**(g + 23)
-//    (so a*b + Cs lies in [2**(g+23), 2**(g+24)) in magnitude, whose ulp is 2**g) and the
-//    difference is exact (Sterbenz). All terms are multiples of 2**g below 2**(g + 21) in
-//    magnitude, so their FP32 sum is exact; rounding the sum toward zero to R fraction bits
-//    with the floor at 2**-126 is then clearing the low 23 - R bits of its FP32 encoding
-//    (which also handles subnormals exactly). This is the same integer
-//    `(P << S0) >> (e_max - E)` of the reference, done on the FP32 pipe; only IEEE-defined
-//    operations with explicit rounding modes (PTX fma.rz, add.rn, sub.rn without .ftz)
-//    are used, so the bits do not depend on the GPU or on compiler flags.
+// 2. The truncated sum. Fast path (F <= 16, i.e. Ada and Hopper: F = 13): each product's
+//    magnitude is truncated toward zero to the grid 2**g, g = e_max - F, by one IEEE
+//    round-toward-zero fused multiply-add against the constant C = 2**(g + 23):
+//        T = RZ(|a| * |b| + C) = C + t * 2**g,   t = floor(|a*b| / 2**g)
+//    exact because |a*b| has at most 8 significant bits and |a*b| < 2**(e_max + 2) <=
+//    2**(g + 23), so |a*b| + C lies in [2**(g+23), 2**(g+24)), whose ulp is 2**g. The FP32
+//    encoding of T is then the integer bits(C) + t, and the product's sign m (0 or all ones,
+//    the XOR of the operands' sign masks) is applied in two's complement: y = bits(T) ^ m is
+//    bits(C) + t when m = 0 and -(bits(C) + t) - 1 when m = -1. Summed in wrapping 32-bit
+//    integer arithmetic over the step's n products, n_neg of them negative (a popcount of
+//    the XOR of the two operands' per-step sign bit masks):
+//        sum(sign * t) = sum(y) - bits(C) * (n - 2 * n_neg) + n_neg
+//    c is truncated likewise, in FP32: RZ(c + Cs) - Cs with Cs = +-C of c's sign (exact,
+//    |c| < 2**(e_max + 1)). The products' sum (|sum| < 2**21 units of 2**g) converts exactly
+//    to FP32, and sum * 2**g + trunc(c) is one exact RN fused multiply-add; rounding the
+//    result toward zero to R fraction bits with the floor at 2**-126 is then clearing the
+//    low 23 - R bits of its encoding (which also handles subnormals exactly). This is the
+//    same integer `(P << S0) >> (e_max - E)` of the reference: one FFMA, one LOP3 and half
+//    an IADD3 per product; only IEEE-defined operations with explicit rounding modes (PTX
+//    fma.rz, add.rz, fma.rn without .ftz) and integer operations are used, so the bits do
+//    not depend on the GPU or on compiler flags.
 //    Integer path (F > 16, Blackwell's F = 25): the reference's int64 arithmetic verbatim.
 //
 // NaN/Inf: each step records per row of A and per column of B whether its L codes hold a
@@ -39,8 +49,9 @@
 //
 // Build: NVRTC, no system header (cpemu_fp32.cuh only); the bits do not depend on -ftz or
 // --fmad (see cpemu_fp32.cuh).
-// Launch: grid (ceil(N / CPT_BN), ceil(M / CPT_BM)), CPT_THREADS threads, static shared
-// memory; requires K, the slice bounds and L to be multiples of 8 (kernels.py checks).
+// Launch: grid (ceil(N / CPT_BN), ceil(M / CPT_BM)), CPT_THREADS threads, CPT_SMEM_BYTES of
+// dynamic shared memory; requires K, the slice bounds and L to be multiples of 8
+// (kernels.py checks).
 
 #include "cpemu_fp32.cuh"
 
@@ -51,7 +62,7 @@ typedef long long cpt_i64;
 typedef unsigned long long cpt_u64;
 
 #ifndef CPT_TM
-#define CPT_TM 4  // outputs per thread along M (even)
+#define CPT_TM 8  // outputs per thread along M (multiple of 4)
 #endif
 #ifndef CPT_TN
 #define CPT_TN 4  // outputs per thread along N (even, multiple of 4 for vector loads)
@@ -67,28 +78,45 @@ typedef unsigned long long cpt_u64;
 #define CPT_SENT (-256)                     // exponent of zero / NaN / Inf codes
 
 static_assert(CPT_TM % 4 == 0 && CPT_TN % 4 == 0, "outputs per thread: multiples of 4 (float4 loads, DPX pairs)");
+static_assert(CPT_TM * CPT_TN <= 32, "the NaN/Inf classes of a thread's outputs fit 64 bits");
 static_assert(CPT_CHUNKS % CPT_THREADS == 0, "every thread loads whole 8-byte chunks");
 
 
 // One K stage of one operand, transposed ([k][row]) so that a thread's rows are contiguous.
 struct CptTile {
-    float v[CPT_KT][CPT_BM];    // fast path: the signed value; integer path: the significand bits
-    cpt_u32 s[CPT_KT][CPT_BM];  // sign word: 0 or 0x80000000
-    short e[CPT_KT][CPT_BM];    // exponent, CPT_SENT for m == 0
-    cpt_u32 flag[CPT_BM];       // byte q: a NaN or Inf among the codes of chunk q of the row
+    float v[CPT_KT][CPT_BM];    // fast path: the magnitude |value|; integer path: the significand bits
+    cpt_u32 s[CPT_KT][CPT_BM];  // sign mask: 0, or 0xFFFFFFFF for a code with the sign bit set
+    union {                              // pass 1's operand, by the kernel's `bf_emax`:
+        short e[CPT_KT][CPT_BM];         // exponent, CPT_SENT for m == 0 (cpt_emax, cpt_sum_int)
+        cpt_u32 x2[CPT_KT / 2][CPT_BM];  // bf16 pairs (codes 2q, 2q + 1) of 2**(6 e), 0 for m == 0
+    };                                   // (cpt_emax_bf16)
+    cpt_u32 flag[CPT_BM];  // byte q: a NaN or Inf among the codes of chunk q of the row
+    cpt_u32 neg[CPT_BM];   // bit k: code k of the step has the sign bit set
 };
 
-struct CptShared {
+// One stage: the decoded codes of one step of both operands.
+struct CptStage {
     CptTile a, b;
-    cpt_u32 lut_v[2][256];  // per operand (0: A, 1: B) and code: value / significand bits
-    short lut_e[2][256];    // exponent or CPT_SENT
-    cpt_u8 lut_sp[2][256];  // 1 for NaN / Inf codes
 };
+
+// The block's shared memory (dynamic: CPT_SMEM_BYTES): the stage and the decode tables.
+struct CptShared {
+    CptStage st;
+    // per operand (0: A, 1: B) and code: .x the value / significand bits; .y the bf16 bits of
+    // 2**(8 (e - 1)) (e4m3, for cpt_emax_bf16; 0 when m == 0) | the exponent (CPT_SENT when
+    // m == 0) << 16
+    uint2 lut[2][256];
+};
+
+// kernels.py TILED_SMEM_BYTES launches with this much dynamic shared memory
+#define CPT_SMEM_BYTES 46080
+static_assert(sizeof(CptShared) == CPT_SMEM_BYTES, "shared memory layout: update kernels.py TILED_SMEM_BYTES");
 
 // ------------------------------------------------------------------------ IEEE FP32
-// Every FP32 operation of this file is one of these PTX instructions without .ftz: IEEE
-// results with subnormals kept, whatever the compiler's -ftz / --fmad flags (cupy's NVRTC
-// wrapper appends -ftz=true; the intrinsics __fmul_rn, __fadd_rz, ... would then flush).
+// Every FP32 operation of this file is this PTX instruction or one of cpemu_fp32.cuh's,
+// without .ftz: IEEE results with subnormals kept, whatever the compiler's -ftz / --fmad
+// flags (cupy's NVRTC wrapper appends -ftz=true; the intrinsics __fmaf_rz, __fmul_rn, ...
+// would then flush). __int2float_rn only converts integers below 2**24 (exact).
 __device__ __forceinline__ float cpt_fsub_rn(float a, float b) {
     float r;
     asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
@@ -98,6 +126,12 @@ __device__ __forceinline__ float cpt_fsub_rn(float a, float b) {
 __device__ __forceinline__ float cpt_fadd_rz(float a, float b) {
     float r;
     asm("add.rz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ float cpt_fma_rn(float a, float b, float c) {
+    float r;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
     return r;
 }
 
@@ -134,8 +168,9 @@ __device__ __forceinline__ void cpt_decode(cpt_u32 code, int is_e5m2, int* sign,
 
 __device__ __forceinline__ int cpt_frac_bits(int is_e5m2) { return is_e5m2 ? 2 : 3; }
 
-// Decode tables of both operands into shared memory. Fast path: the exact FP32 value
-// sign * m * 2**(e - fb); integer path: m << S0 for A, m for B (P = (m_a << S0) * m_b).
+// Decode tables of both operands into shared memory. Fast path: the exact FP32 magnitude
+// m * 2**(e - fb) (the sign travels as a mask); integer path: m << S0 for A, m for B
+// (P = (m_a << S0) * m_b).
 __device__ __forceinline__ void cpt_build_luts(CptShared& sh, int a_fmt, int b_fmt, int fast, int S0) {
     for (int i = threadIdx.x; i < 512; i += CPT_THREADS) {
         const int op = i >> 8, code = i & 255;
@@ -147,25 +182,23 @@ __device__ __forceinline__ void cpt_build_luts(CptShared& sh, int a_fmt, int b_f
             // m * 2**(e - fb): m < 16 converts exactly, the power of two (>= 2**-16) is normal
             const float p2 = __uint_as_float((cpt_u32)(127 + e - cpt_frac_bits(fmt)) << 23);
             v = __float_as_uint(cpemu_fmul_rn(__int2float_rn(m), p2));
-            if (sign < 0) v |= 0x80000000u;
         } else {
             v = op ? (cpt_u32)m : ((cpt_u32)m << S0);
         }
-        sh.lut_v[op][code] = v;
-        sh.lut_e[op][code] = (short)(m == 0 ? CPT_SENT : e);
-        sh.lut_sp[op][code] = (cpt_u8)(nan | inf);
+        const cpt_u32 x = m == 0 || fmt ? 0u : (cpt_u32)(8 * (e - 1) + 127) << 7;  // e in [-6, 8]
+        sh.lut[op][code] = make_uint2(v, x | ((cpt_u32)(m == 0 ? CPT_SENT : e) << 16));
     }
 }
 
 // ------------------------------------------------------------------------ tiles
 
 // Codes of rows [r0, r0 + CPT_BM) and K elements [k, ke) of X (rows x K, row-major) into
-// registers; zeros outside (zero codes: zero products change nothing).
+// registers, 8-byte chunks; zeros outside (zero codes: zero products change nothing).
 __device__ __forceinline__ void cpt_fetch(const cpt_u8* __restrict__ X, int rows, int K, int r0, int k, int ke,
-                                          uint2* raw) {
+                                          uint2 (&raw)[CPT_CHUNKS / CPT_THREADS]) {
 #pragma unroll
     for (int q = 0; q < CPT_CHUNKS / CPT_THREADS; ++q) {
-        const int c = threadIdx.x + q * CPT_THREADS;
+        const int c = (int)threadIdx.x + q * CPT_THREADS;
         const int row = c % CPT_BM, kc = c / CPT_BM;
         const int kk = k + kc * 8, gr = r0 + row;
         uint2 v = make_uint2(0u, 0u);
@@ -174,35 +207,66 @@ __device__ __forceinline__ void cpt_fetch(const cpt_u8* __restrict__ X, int rows
     }
 }
 
-__device__ __forceinline__ void cpt_store(CptTile& t, const uint2* raw, const cpt_u32* lut_v, const short* lut_e,
-                                          const cpt_u8* lut_sp) {
+// 0xFFFFFFFF if byte b of w has its sign bit set, else 0 (PTX prmt with the sign-replicate
+// selector bit).
+__device__ __forceinline__ cpt_u32 cpt_sign_bytes(cpt_u32 w, int b) {
+    cpt_u32 r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(0x8888u + 0x1111u * (cpt_u32)b));
+    return r;
+}
+
+// Nonzero if some byte of w is a NaN or Inf code: e4m3 (fn) S.1111.111, e5m2 S.11111.xx.
+__device__ __forceinline__ cpt_u32 cpt_special_bytes(cpt_u32 w, int is_e5m2) {
+    return is_e5m2 ? ((w & 0x7C7C7C7Cu) + 0x04040404u) & 0x80808080u
+                   : ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+}
+
+// The sign bits of the 4 codes of w (bits 7, 15, 23, 31) as a 4-bit number, by one multiply
+// that moves them to bits 21..24 without collisions.
+__device__ __forceinline__ cpt_u32 cpt_sign_nibble(cpt_u32 w) {
+    return ((((w & 0x80808080u) >> 7) * 0x204081u) >> 21) & 0xFu;
+}
+
+// Decode this thread's chunks (cpt_fetch) into the stage tile t: magnitudes and sign masks
+// for pass 2, pass 1's operand (bf16 pairs when bf_emax, else exponents), and per row and
+// chunk the sign bits and a NaN/Inf flag (bytes of t.neg and t.flag).
+__device__ __forceinline__ void cpt_store(CptTile& t, const uint2 (&raw)[CPT_CHUNKS / CPT_THREADS],
+                                          const uint2* lut, int is_e5m2, int bf_emax) {
 #pragma unroll
     for (int q = 0; q < CPT_CHUNKS / CPT_THREADS; ++q) {
-        const int c = threadIdx.x + q * CPT_THREADS;
+        const int c = (int)threadIdx.x + q * CPT_THREADS;
         const int row = c % CPT_BM, kc = c / CPT_BM;
-        cpt_u32 f = 0;
+        cpt_u32 xe[8];
 #pragma unroll
         for (int b = 0; b < 8; ++b) {
-            const cpt_u32 code = ((b < 4 ? raw[q].x : raw[q].y) >> (8 * (b & 3))) & 0xFFu;
+            const cpt_u32 w = b < 4 ? raw[q].x : raw[q].y;
+            const uint2 d = lut[__byte_perm(w, 0u, 0x4440u + (b & 3))];
             const int kk = kc * 8 + b;
-            t.v[kk][row] = __uint_as_float(lut_v[code]);
-            t.s[kk][row] = (code << 24) & 0x80000000u;
-            t.e[kk][row] = lut_e[code];
-            f |= lut_sp[code];
+            t.v[kk][row] = __uint_as_float(d.x);
+            t.s[kk][row] = cpt_sign_bytes(w, b & 3);
+            xe[b] = d.y;
         }
-        ((cpt_u8*)t.flag)[row * 4 + kc] = (cpt_u8)f;
+        if (bf_emax) {
+#pragma unroll
+            for (int h = 0; h < 4; ++h) t.x2[kc * 4 + h][row] = __byte_perm(xe[2 * h], xe[2 * h + 1], 0x5410u);
+        } else {
+#pragma unroll
+            for (int b = 0; b < 8; ++b) t.e[kc * 8 + b][row] = (short)(xe[b] >> 16);
+        }
+        ((cpt_u8*)t.neg)[row * 4 + kc] = (cpt_u8)(cpt_sign_nibble(raw[q].x) | (cpt_sign_nibble(raw[q].y) << 4));
+        ((cpt_u8*)t.flag)[row * 4 + kc] =
+            (cpt_u8)((cpt_special_bytes(raw[q].x, is_e5m2) | cpt_special_bytes(raw[q].y, is_e5m2)) != 0);
     }
 }
 
 // ------------------------------------------------------------------------ one step
 
-// Exponent of the accumulator c as reference._split_fp32 gives it (zero and non-finite c:
-// e_zero; subnormal: -126).
-__device__ __forceinline__ int cpt_c_exp(float c, int e_zero) {
-    const cpt_u32 b = __float_as_uint(c);
-    const cpt_u32 ef = (b >> 23) & 0xFFu;
-    if ((b & 0x7FFFFFFFu) == 0 || ef == 0xFFu) return e_zero;
-    return ef == 0 ? -126 : (int)ef - 127;
+// Exponent of the accumulator c for e_max: reference._split_fp32's for normal and subnormal
+// (-126) c. Zero c gets -126 instead of e_zero: this changes e_max only when every product
+// is zero too, and then the step's result is +0 either way. A non-finite c (its output is
+// decided by cpt_specials) gets 128.
+__device__ __forceinline__ int cpt_c_exp(float c) {
+    return (int)max((__float_as_uint(c) >> 23) & 0xFFu, 1u) - 127;
 }
 
 // reference._split_fp32 (integer path).
@@ -274,9 +338,61 @@ __device__ __noinline__ int cpt_specials(float c, const cpt_u8* __restrict__ aro
     return nan ? 3 : neg ? 2 : pos ? 1 : 0;
 }
 
+// a * b + c on two bf16 lanes, rounded to nearest (PTX fma.rn.bf16x2, sm_80 and newer)
+__device__ __forceinline__ cpt_u32 cpt_bf16x2_fma(cpt_u32 a, cpt_u32 b, cpt_u32 c) {
+    cpt_u32 r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// Pass 1 for e4m3 x e4m3, on the FP pipe (the integer pipe is the busy one): e_max of the
+// products is read off X = sum over the step's products of 2**(8 (E - 2)) = 2**(8 (e_a - 1)) *
+// 2**(8 (e_b - 1)), summed in bf16 (two lanes: even and odd k). Every term is an exact power of
+// two; with at most 16 positive terms per lane, each <= 2**(8 (E_max - 2)), and round-to-nearest
+// additions (monotonic, relative error <= 2**-8 each), a lane's X lies in
+// [2**(8 (E_max - 2)), 2**(8 (E_max - 2) + 4.1)), so floor(log2 X) / 8 rounded down is
+// E_max - 2 exactly (8 > 4.1). e4m3 products have E in [-12, 16]: every X stays a normal bf16
+// (2**-112 to 2**117). Zero, NaN and Inf codes contribute 0.
+__device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx, int klen,
+                                              const float (&acc)[CPT_TM][CPT_TN], int (&em)[CPT_TM][CPT_TN]) {
+    cpt_u32 X[CPT_TM][CPT_TN];
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) X[i][j] = 0u;
+#pragma unroll 2
+    for (int q = 0; q < klen / 2; ++q) {
+        cpt_u32 xa[CPT_TM], xb[CPT_TN];
+#pragma unroll
+        for (int i = 0; i < CPT_TM; i += 4) {
+            const uint4 v = *(const uint4*)&sh.a.x2[q][ty * CPT_TM + i];
+            xa[i] = v.x, xa[i + 1] = v.y, xa[i + 2] = v.z, xa[i + 3] = v.w;
+        }
+#pragma unroll
+        for (int j = 0; j < CPT_TN; j += 4) {
+            const uint4 v = *(const uint4*)&sh.b.x2[q][tx * CPT_TN + j];
+            xb[j] = v.x, xb[j + 1] = v.y, xb[j + 2] = v.z, xb[j + 3] = v.w;
+        }
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) X[i][j] = cpt_bf16x2_fma(xa[i], xb[j], X[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            // the larger lane (positive bf16 bits order like their values); 0: every product is zero
+            const cpt_u32 mx = max(X[i][j] & 0xFFFFu, X[i][j] >> 16);
+            // floor((be - 127) / 8) + 2 for the biased exponent be = mx >> 7 (>= 15)
+            const int e = mx ? (int)(((mx >> 7) + 1u) >> 3) - 14 : CPT_SENT;
+            em[i][j] = max(cpt_c_exp(acc[i][j]), e);
+        }
+}
+
 // Pass 1: em[i][j] = max(e_max of the products, exponent of c) for the thread's outputs.
-__device__ __forceinline__ void cpt_emax(const CptShared& sh, int ty, int tx, int klen, const float (&acc)[CPT_TM][CPT_TN],
-                                         int e_zero, int (&em)[CPT_TM][CPT_TN]) {
+__device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int klen, const float (&acc)[CPT_TM][CPT_TN],
+                                         int (&em)[CPT_TM][CPT_TN]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
     // Lanes: m0[p][q] = (out(2p, 2q), out(2p+1, 2q+1)), m1[p][q] = (out(2p, 2q+1), out(2p+1, 2q)).
     cpt_u32 m0[CPT_TM / 2][CPT_TN / 2], m1[CPT_TM / 2][CPT_TN / 2];
@@ -284,10 +400,10 @@ __device__ __forceinline__ void cpt_emax(const CptShared& sh, int ty, int tx, in
     for (int p = 0; p < CPT_TM / 2; ++p)
 #pragma unroll
         for (int q = 0; q < CPT_TN / 2; ++q) {
-            m0[p][q] = ((cpt_u32)cpt_c_exp(acc[2 * p][2 * q], e_zero) & 0xFFFFu) |
-                       ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q + 1], e_zero) << 16);
-            m1[p][q] = ((cpt_u32)cpt_c_exp(acc[2 * p][2 * q + 1], e_zero) & 0xFFFFu) |
-                       ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q], e_zero) << 16);
+            m0[p][q] = ((cpt_u32)cpt_c_exp(acc[2 * p][2 * q]) & 0xFFFFu) |
+                       ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q + 1]) << 16);
+            m1[p][q] = ((cpt_u32)cpt_c_exp(acc[2 * p][2 * q + 1]) & 0xFFFFu) |
+                       ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q]) << 16);
         }
 #pragma unroll 1
     for (int kk = 0; kk < klen; ++kk) {
@@ -320,7 +436,7 @@ __device__ __forceinline__ void cpt_emax(const CptShared& sh, int ty, int tx, in
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
-        for (int j = 0; j < CPT_TN; ++j) em[i][j] = cpt_c_exp(acc[i][j], e_zero);
+        for (int j = 0; j < CPT_TN; ++j) em[i][j] = cpt_c_exp(acc[i][j]);
 #pragma unroll 1
     for (int kk = 0; kk < klen; ++kk) {
         int ea[CPT_TM], eb[CPT_TN];
@@ -336,62 +452,83 @@ __device__ __forceinline__ void cpt_emax(const CptShared& sh, int ty, int tx, in
 #endif
 }
 
-// Pass 2, fast path (F <= 16): out[i][j] = the step's result before NaN/Inf handling.
-__device__ __forceinline__ void cpt_sum_fast(const CptShared& sh, int ty, int tx, int klen,
+// Pass 2, fast path (F <= 16): out[i][j] = the step's result before NaN/Inf handling (see
+// the file comment: T = RZ(|a| * |b| + C), y = bits(T) ^ sign mask, summed as integers).
+__device__ __forceinline__ void cpt_sum_fast(const CptStage& sh, int ty, int tx, int klen,
                                              const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
                                              int F, cpt_u32 rmask, float (&out)[CPT_TM][CPT_TN]) {
-    cpt_u32 Cb[CPT_TM][CPT_TN];  // 2**(e_max - F + 23), the truncation constant of each output
-    float S[CPT_TM][CPT_TN];
+    cpt_u32 Cb[CPT_TM][CPT_TN];  // bits of C = 2**(e_max - F + 23), the truncation constant of each output
+    cpt_u32 Y[CPT_TM][CPT_TN];   // the products' sum, in units of 2**(e_max - F), wrapping
+    float ct[CPT_TM][CPT_TN];    // c truncated to the grid 2**(e_max - F)
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
         for (int j = 0; j < CPT_TN; ++j) {
-            // the exponent field is >= 1 whenever a term can be nonzero (e_max >= -53 then);
-            // the clamp only keeps the constant a normal number when every term is zero
-            Cb[i][j] = (cpt_u32)max(em[i][j] + 150 - F, 1) << 23;
-            // c truncated toward zero to the grid 2**(e_max - F) (|c| < 2**(e_max + 1))
+            // C = 2**(e_max - F + 23). A nonzero product has E >= -28 and a nonzero c is a
+            // multiple of a previous step's grid (>= 2**-41), so e_max - F + 23 >= -103 whenever a
+            // term can be nonzero; the clamp (exponent field >= 24) only acts when every term
+            // is zero, and keeps C and 2**g below normal numbers
+            Cb[i][j] = (cpt_u32)max(em[i][j] + 150 - F, 24) << 23;
+            // c truncated toward zero to the grid 2**g (|c| < 2**(e_max + 1) <= 2**(g + 23)):
+            // RZ(c + Cs) with Cs = +-C of c's sign, minus Cs (exact, Sterbenz)
             const float Cs = __uint_as_float(Cb[i][j] | (__float_as_uint(acc[i][j]) & 0x80000000u));
-            S[i][j] = cpt_fsub_rn(cpt_fadd_rz(acc[i][j], Cs), Cs);
+            ct[i][j] = cpt_fsub_rn(cpt_fadd_rz(acc[i][j], Cs), Cs);
+            Y[i][j] = 0u - Cb[i][j] * (cpt_u32)klen;
         }
 #pragma unroll 1
-    for (int kk = 0; kk < klen; ++kk) {
-        float va[CPT_TM], vb[CPT_TN];
-        cpt_u32 sa[CPT_TM], sb[CPT_TN];
+    for (int kk = 0; kk < klen; kk += 2) {  // klen is a multiple of 8
+        float va[2][CPT_TM], vb[2][CPT_TN];
+        cpt_u32 sa[2][CPT_TM], sb[2][CPT_TN];
 #pragma unroll
-        for (int i = 0; i < CPT_TM; i += 4) {
-            const float4 v = *(const float4*)&sh.a.v[kk][ty * CPT_TM + i];
-            const uint4 s = *(const uint4*)&sh.a.s[kk][ty * CPT_TM + i];
-            va[i] = v.x, va[i + 1] = v.y, va[i + 2] = v.z, va[i + 3] = v.w;
-            sa[i] = s.x, sa[i + 1] = s.y, sa[i + 2] = s.z, sa[i + 3] = s.w;
-        }
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int j = 0; j < CPT_TN; j += 4) {
-            const float4 v = *(const float4*)&sh.b.v[kk][tx * CPT_TN + j];
-            const uint4 s = *(const uint4*)&sh.b.s[kk][tx * CPT_TN + j];
-            vb[j] = v.x, vb[j + 1] = v.y, vb[j + 2] = v.z, vb[j + 3] = v.w;
-            sb[j] = s.x, sb[j + 1] = s.y, sb[j + 2] = s.z, sb[j + 3] = s.w;
+            for (int i = 0; i < CPT_TM; i += 4) {
+                const float4 v = *(const float4*)&sh.a.v[kk + h][ty * CPT_TM + i];
+                const uint4 s = *(const uint4*)&sh.a.s[kk + h][ty * CPT_TM + i];
+                va[h][i] = v.x, va[h][i + 1] = v.y, va[h][i + 2] = v.z, va[h][i + 3] = v.w;
+                sa[h][i] = s.x, sa[h][i + 1] = s.y, sa[h][i + 2] = s.z, sa[h][i + 3] = s.w;
+            }
+#pragma unroll
+            for (int j = 0; j < CPT_TN; j += 4) {
+                const float4 v = *(const float4*)&sh.b.v[kk + h][tx * CPT_TN + j];
+                const uint4 s = *(const uint4*)&sh.b.s[kk + h][tx * CPT_TN + j];
+                vb[h][j] = v.x, vb[h][j + 1] = v.y, vb[h][j + 2] = v.z, vb[h][j + 3] = v.w;
+                sb[h][j] = s.x, sb[h][j + 1] = s.y, sb[h][j + 2] = s.z, sb[h][j + 3] = s.w;
+            }
         }
 #pragma unroll
         for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
             for (int j = 0; j < CPT_TN; ++j) {
-                const float Cs = __uint_as_float(sa[i] ^ sb[j] ^ Cb[i][j]);  // +-C with the product's sign
-                const float T = cpt_fma_rz(va[i], vb[j], Cs);                  // RZ(a*b + Cs)
-                S[i][j] = cpemu_fadd_rn(S[i][j], cpt_fsub_rn(T, Cs));             // + trunc(a*b), exact
+                const float C = __uint_as_float(Cb[i][j]);
+                const cpt_u32 y0 = __float_as_uint(cpt_fma_rz(va[0][i], vb[0][j], C)) ^ sa[0][i] ^ sb[0][j];
+                const cpt_u32 y1 = __float_as_uint(cpt_fma_rz(va[1][i], vb[1][j], C)) ^ sa[1][i] ^ sb[1][j];
+                Y[i][j] += y0 + y1;
             }
     }
+    cpt_u32 na[CPT_TM], nb[CPT_TN];
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i) na[i] = sh.a.neg[ty * CPT_TM + i];
+#pragma unroll
+    for (int j = 0; j < CPT_TN; ++j) nb[j] = sh.b.neg[tx * CPT_TN + j];
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
         for (int j = 0; j < CPT_TN; ++j) {
-            cpt_u32 b = __float_as_uint(S[i][j]) & rmask;  // RZ to R fraction bits (floor 2**-126)
-            if ((b & 0x7FFFFFFFu) == 0) b = 0;              // -0 -> +0
-            out[i][j] = __uint_as_float(b);
+            // + bits(C) * n_neg * 2 + n_neg: the negative products' terms (codes past klen are +0)
+            const cpt_u32 nneg = (cpt_u32)__popc(na[i] ^ nb[j]);
+            const int S = (int)(Y[i][j] + nneg * (2u * Cb[i][j] + 1u));
+            const float p2 = __uint_as_float(Cb[i][j] - (23u << 23));  // 2**g
+            // |S| < 2**21 converts exactly; S * 2**g + c truncated is a multiple of 2**g below
+            // 2**(g + 22) in magnitude, so the RN fused multiply-add is exact
+            // (never -0: x - x and S * 2**g + 0 are +0 in RN, and a nonzero result is a multiple
+            // of 2**g >= 2**(-126 - F), which the rounding below keeps nonzero)
+            out[i][j] = __uint_as_float(__float_as_uint(cpt_fma_rn(__int2float_rn(S), p2, ct[i][j])) & rmask);
         }
 }
 
 // Pass 2, integer path (any F): reference.tfdpa's int64 arithmetic.
-__device__ __forceinline__ void cpt_sum_int(const CptShared& sh, int ty, int tx, int klen,
+__device__ __forceinline__ void cpt_sum_int(const CptStage& sh, int ty, int tx, int klen,
                                             const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
                                             int F, int R, int e_zero, float (&out)[CPT_TM][CPT_TN]) {
     cpt_i64 S[CPT_TM][CPT_TN];
@@ -483,10 +620,12 @@ extern "C" __global__ void __launch_bounds__(CPT_THREADS, CPT_MINBLOCKS)
                      int promotion, const float* __restrict__ scale_a, int sa_stride,
                      const float* __restrict__ scale_b, int sb_stride, int ep_order, const float* __restrict__ bias,
                      int has_bias, void* __restrict__ out, int out_kind, cpt_u32 nan_bits, float* __restrict__ ws) {
-    __shared__ __align__(16) CptShared sh;
+    extern __shared__ __align__(16) unsigned char cpt_smem[];
+    CptShared& sh = *reinterpret_cast<CptShared*>(cpt_smem);
     const int tx = threadIdx.x % (CPT_BN / CPT_TN), ty = threadIdx.x / (CPT_BN / CPT_TN);
     const int m0 = blockIdx.y * CPT_BM, n0 = blockIdx.x * CPT_BN;
     const int fast = F <= 16;
+    const int bf_emax = fast && a_fmt == 0 && b_fmt == 0;  // pass 1 by cpt_emax_bf16
     const int S0 = F - cpt_frac_bits(a_fmt) - cpt_frac_bits(b_fmt);
     const cpt_u32 rmask = 0xFFFFFFFFu << (23 - R);
     const cpt_i64 MN = (cpt_i64)M * N;
@@ -506,6 +645,7 @@ extern "C" __global__ void __launch_bounds__(CPT_THREADS, CPT_MINBLOCKS)
         cpt_fetch(A, M, K, m0, k, ke, ra);
         cpt_fetch(Bt, N, K, n0, k, ke, rb);
     }
+    const CptStage& st = sh.st;
     while (s < n_slices) {
         const int k0 = slices[2 * s], k1 = slices[2 * s + 1];
         const int clen = promotion > 0 ? promotion * L : (k1 - k0);
@@ -513,9 +653,9 @@ extern "C" __global__ void __launch_bounds__(CPT_THREADS, CPT_MINBLOCKS)
         const int cend = min(cstart + clen, k1);
         const int ke = min(k + L, cend);
 
-        __syncthreads();  // the previous step is done with the tiles (and the LUTs are built)
-        cpt_store(sh.a, ra, sh.lut_v[0], sh.lut_e[0], sh.lut_sp[0]);
-        cpt_store(sh.b, rb, sh.lut_v[1], sh.lut_e[1], sh.lut_sp[1]);
+        __syncthreads();  // the previous step is done with the stage (and the LUTs are built)
+        cpt_store(sh.st.a, ra, sh.lut[0], a_fmt, bf_emax);
+        cpt_store(sh.st.b, rb, sh.lut[1], b_fmt, bf_emax);
         __syncthreads();
 
         // prefetch the next step's codes while this one computes
@@ -541,13 +681,13 @@ extern "C" __global__ void __launch_bounds__(CPT_THREADS, CPT_MINBLOCKS)
         // ---- one T-FDPA step over K elements [k, ke) for the thread's outputs
         const int klen = ke - k;
         // NaN / Inf first (they depend on c and the codes only): 2 bits per output
-        cpt_u32 ov = 0;
+        cpt_u64 ov = 0;  // 2 bits per output (CPT_TM * CPT_TN <= 32)
         {
             cpt_u32 fl = 0;
 #pragma unroll
-            for (int i = 0; i < CPT_TM; ++i) fl |= sh.a.flag[ty * CPT_TM + i];
+            for (int i = 0; i < CPT_TM; ++i) fl |= st.a.flag[ty * CPT_TM + i];
 #pragma unroll
-            for (int j = 0; j < CPT_TN; ++j) fl |= sh.b.flag[tx * CPT_TN + j];
+            for (int j = 0; j < CPT_TN; ++j) fl |= st.b.flag[tx * CPT_TN + j];
             if (fl | cbad) {
 #pragma unroll 1
                 for (int o = 0; o < CPT_TM * CPT_TN; ++o) {
@@ -558,27 +698,31 @@ extern "C" __global__ void __launch_bounds__(CPT_THREADS, CPT_MINBLOCKS)
                     for (int q = 0; q < CPT_TM * CPT_TN; ++q)
                         if (q == o) c = acc[q / CPT_TN][q % CPT_TN];
                     if (gm < M && gn < N &&
-                        ((sh.a.flag[ty * CPT_TM + i] | sh.b.flag[tx * CPT_TN + j]) ||
+                        ((st.a.flag[ty * CPT_TM + i] | st.b.flag[tx * CPT_TN + j]) ||
                          (__float_as_uint(c) & 0x7F800000u) == 0x7F800000u))
-                        ov |= (cpt_u32)cpt_specials(c, A + (cpt_i64)gm * K, Bt + (cpt_i64)gn * K, k, ke, a_fmt, b_fmt)
+                        ov |= (cpt_u64)cpt_specials(c, A + (cpt_i64)gm * K, Bt + (cpt_i64)gn * K, k, ke, a_fmt, b_fmt)
                               << (2 * o);
                 }
                 cbad = ov != 0;
             }
         }
         int em[CPT_TM][CPT_TN];
-        cpt_emax(sh, ty, tx, klen, acc, e_zero, em);
-        if (fast) {
-            cpt_sum_fast(sh, ty, tx, klen, acc, em, F, rmask, acc);
+        if (bf_emax) {
+            cpt_emax_bf16(st, ty, tx, klen, acc, em);
         } else {
-            cpt_sum_int(sh, ty, tx, klen, acc, em, F, R, e_zero, acc);
+            cpt_emax(st, ty, tx, klen, acc, em);
+        }
+        if (fast) {
+            cpt_sum_fast(st, ty, tx, klen, acc, em, F, rmask, acc);
+        } else {
+            cpt_sum_int(st, ty, tx, klen, acc, em, F, R, e_zero, acc);
         }
         if (ov) {
 #pragma unroll
             for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
                 for (int j = 0; j < CPT_TN; ++j) {
-                    const cpt_u32 cl = (ov >> (2 * (i * CPT_TN + j))) & 3u;
+                    const cpt_u32 cl = (cpt_u32)(ov >> (2 * (i * CPT_TN + j))) & 3u;
                     if (cl) acc[i][j] = __uint_as_float(cl == 1 ? 0x7F800000u : cl == 2 ? 0xFF800000u : 0x7FFFFFFFu);
                 }
         }

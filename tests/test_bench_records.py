@@ -56,3 +56,8 @@ def test_summary_exit_status(tmp_path):
     bad.write_text(json.dumps(rec))
     r = CliRunner().invoke(main, [str(bad)])
     assert r.exit_code == 1 and "FAIL" in r.output
+    rec["exactness"][0]["ok"] = True
+    rec["failures"] = ["cuda-tiled: backends.validate failed: bits differ"]
+    bad.write_text(json.dumps(rec))
+    r = CliRunner().invoke(main, [str(bad)])
+    assert r.exit_code == 1 and "FAIL" in r.output and "backends.validate" in r.output

@@ -89,7 +89,13 @@ def main(paths, m_text, json_out):
         with open(json_out, "w") as f:
             json.dump([{"profile": k[0], "shape": k[1], "data": k[2], "M": k[3], **v} for k, v in
                        sorted(points.items())], f, indent=1)
-    if any(r.get("ok") is False for p in points.values() for r in p.values()):
+    failed = any(r.get("ok") is False for p in points.values() for r in p.values())
+    for path in paths:  # a record's own failures: a backend's validation, a kernel error, ...
+        with open(path) as f:
+            for msg in json.load(f).get("failures") or []:
+                click.echo(f"FAIL {path}: {msg}")
+                failed = True
+    if failed:
         sys.exit(1)
 
 

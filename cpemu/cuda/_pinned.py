@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "516f41ab1a2971af852188a28f353462391a2d78c815f975762a2fdd26a4870d"
+MANIFEST_SHA256 = "79ef517b141dcdacf940c021807c9eac0dddd1d9f1bee1c90345f7466b0f7d18"

@@ -4,10 +4,11 @@ Two kernel families compute the same bits as :mod:`cpemu.reference`:
 
 * ``"cuda-simple"`` -- ``cuda_src/gemm_simple.cu``: one output per thread, written to be
   read side by side with the reference (integer T-FDPA steps, same function names);
-* ``"cuda-tiled"`` -- ``cuda_src/gemm_tiled.cu``: 64 x 64 output tiles, 4 x 4 outputs per
-  thread, the step's FP8 codes decoded once per block into shared memory; the truncated
-  sums of Ada/Hopper (F <= 16) on the FP32 pipe with exact round-toward-zero operations,
-  Blackwell's (F = 25) in int64 like the reference.
+* ``"cuda-tiled"`` -- ``cuda_src/gemm_tiled.cu``: 64 x 64 output tiles, 8 x 4 outputs per
+  thread, each step's FP8 codes decoded once per block into shared memory (double-buffered:
+  the next step is decoded while this one computes); the truncated terms of Ada/Hopper
+  (F <= 16) by exact round-toward-zero FP32 fused multiply-adds summed as integers, Blackwell's
+  (F = 25) in int64 like the reference.
 
 :func:`gemm_cuda` takes the operands as cupy ``uint8`` code matrices (``a`` (M, K), ``bt``
 (N, K): B transposed, K contiguous), the :class:`~cpemu.schedule.Plan`, the
@@ -58,8 +59,10 @@ FROM_SOURCE_ENV = "CPEMU_CUDA_FROM_SOURCE"
 #: adds the architecture of the current device itself).
 SOURCE_OPTIONS = ("--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
 
-#: Tiled kernel geometry (must match gemm_tiled.cu).
-TILE_M, TILE_N, TILED_THREADS = 64, 64, 256
+#: Tiled kernel geometry and dynamic shared memory (must match gemm_tiled.cu: CPT_BM, CPT_BN,
+#: the default CPT_TM x CPT_TN threads, CPT_SMEM_BYTES: the decoded stage and the tables).
+TILE_M, TILE_N, TILED_THREADS = 64, 64, 128
+TILED_SMEM_BYTES = 46080
 SIMPLE_THREADS = 128
 #: K, the slice bounds and L must be multiples of this (8-byte loads of codes).
 K_ALIGN = 8
@@ -114,6 +117,8 @@ def get_kernel(kernel_family: str, defines: tuple = ()):
                 from .loader import get_function
 
                 fn = get_function(module, name)
+            if kernel_family == "cuda-tiled":  # its dynamic shared memory (the launch checks the limit)
+                fn.max_dynamic_shared_size_bytes = TILED_SMEM_BYTES
             _cache[key] = fn
     return fn
 
@@ -299,15 +304,15 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
             grid = ((N + TILE_N - 1) // TILE_N, (M + TILE_M - 1) // TILE_M, 1)
             if grid[1] > 65535:
                 _fail("a_codes", f"M must be at most {65535 * TILE_M} for the tiled kernel", M)
-            fn(grid, (_tiled_threads(defines), 1, 1), tuple(args + [ws]))
+            fn(grid, (_tiled_threads(defines), 1, 1), tuple(args + [ws]), shared_mem=TILED_SMEM_BYTES)
     return out
 
 
 def _tiled_threads(defines) -> int:
-    """Threads of a block of the tiled kernel: (64 / CPT_TM) * (64 / CPT_TN), 4 x 4 unless
+    """Threads of a block of the tiled kernel: (64 / CPT_TM) * (64 / CPT_TN), 8 x 4 unless
     a tuning build defines them otherwise."""
     d = dict(str(x).split("=", 1) for x in defines if "=" in str(x))
-    tm, tn = int(d.get("CPT_TM", 4)), int(d.get("CPT_TN", 4))
+    tm, tn = int(d.get("CPT_TM", 8)), int(d.get("CPT_TN", 4))
     return (TILE_M // tm) * (TILE_N // tn)
 
 
