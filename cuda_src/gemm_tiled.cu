@@ -452,6 +452,19 @@ __device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int
 #endif
 }
 
+// The magnitudes and sign masks of n consecutive rows r0.. of tile t at K element kk.
+template <int n>
+__device__ __forceinline__ void cpt_load_vs(const CptTile& t, int kk, int r0, float (&v)[n], cpt_u32 (&s)[n]) {
+    static_assert(n % 4 == 0, "vector loads of 4 rows");
+#pragma unroll
+    for (int i = 0; i < n; i += 4) {
+        const float4 x = *(const float4*)&t.v[kk][r0 + i];
+        const uint4 m = *(const uint4*)&t.s[kk][r0 + i];
+        v[i] = x.x, v[i + 1] = x.y, v[i + 2] = x.z, v[i + 3] = x.w;
+        s[i] = m.x, s[i + 1] = m.y, s[i + 2] = m.z, s[i + 3] = m.w;
+    }
+}
+
 // Pass 2, fast path (F <= 16): out[i][j] = the step's result before NaN/Inf handling (see
 // the file comment: T = RZ(|a| * |b| + C), y = bits(T) ^ sign mask, summed as integers).
 __device__ __forceinline__ void cpt_sum_fast(const CptStage& sh, int ty, int tx, int klen,
@@ -481,20 +494,8 @@ __device__ __forceinline__ void cpt_sum_fast(const CptStage& sh, int ty, int tx,
         cpt_u32 sa[2][CPT_TM], sb[2][CPT_TN];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int i = 0; i < CPT_TM; i += 4) {
-                const float4 v = *(const float4*)&sh.a.v[kk + h][ty * CPT_TM + i];
-                const uint4 s = *(const uint4*)&sh.a.s[kk + h][ty * CPT_TM + i];
-                va[h][i] = v.x, va[h][i + 1] = v.y, va[h][i + 2] = v.z, va[h][i + 3] = v.w;
-                sa[h][i] = s.x, sa[h][i + 1] = s.y, sa[h][i + 2] = s.z, sa[h][i + 3] = s.w;
-            }
-#pragma unroll
-            for (int j = 0; j < CPT_TN; j += 4) {
-                const float4 v = *(const float4*)&sh.b.v[kk + h][tx * CPT_TN + j];
-                const uint4 s = *(const uint4*)&sh.b.s[kk + h][tx * CPT_TN + j];
-                vb[h][j] = v.x, vb[h][j + 1] = v.y, vb[h][j + 2] = v.z, vb[h][j + 3] = v.w;
-                sb[h][j] = s.x, sb[h][j + 1] = s.y, sb[h][j + 2] = s.z, sb[h][j + 3] = s.w;
-            }
+            cpt_load_vs(sh.a, kk + h, ty * CPT_TM, va[h], sa[h]);
+            cpt_load_vs(sh.b, kk + h, tx * CPT_TN, vb[h], sb[h]);
         }
 #pragma unroll
         for (int i = 0; i < CPT_TM; ++i)

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "79ef517b141dcdacf940c021807c9eac0dddd1d9f1bee1c90345f7466b0f7d18"
+MANIFEST_SHA256 = "e731ab53ac8538baf2c875a125d13621e40686dfc743d61b7820e7f6ab55cff6"
