@@ -5,8 +5,8 @@ Two kernel families compute the same bits as :mod:`cpemu.reference`:
 * ``"cuda-simple"`` -- ``cuda_src/gemm_simple.cu``: one output per thread, written to be
   read side by side with the reference (integer T-FDPA steps, same function names);
 * ``"cuda-tiled"`` -- ``cuda_src/gemm_tiled.cu``: 64 x 64 output tiles, 8 x 4 outputs per
-  thread, each step's FP8 codes decoded once per block into shared memory (double-buffered:
-  the next step is decoded while this one computes); the truncated terms of Ada/Hopper
+  thread, each step's FP8 codes decoded once per block into shared memory (the next step's
+  codes load while this one computes); the truncated terms of Ada/Hopper
   (F <= 16) by exact round-toward-zero FP32 fused multiply-adds summed as integers, Blackwell's
   (F = 25) in int64 like the reference.
 
