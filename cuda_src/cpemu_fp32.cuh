@@ -1,6 +1,6 @@
-// FP32 arithmetic of the schedule and the epilogue, and the output conversions, shared by
-// every cpemu kernel (the CUDA form of cpemu/reference.py's epilogue and of
-// cpemu/formats.py's encode_output).
+// FP32 arithmetic with explicit rounding (the schedule, the epilogue, the tiled kernel's
+// truncations), and the output conversions, shared by every cpemu kernel (the CUDA form of
+// cpemu/reference.py's epilogue and of cpemu/formats.py's encode_output).
 //
 // Every FP32 operation is a PTX instruction without .ftz: IEEE results with subnormals
 // kept, whatever the compiler's -ftz / --fmad flags (cupy's NVRTC wrapper appends
@@ -26,6 +26,31 @@ __device__ __forceinline__ float cpemu_fmul_rn(float a, float b) {
 __device__ __forceinline__ float cpemu_fadd_rn(float a, float b) {
     float r;
     asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ float cpemu_fsub_rn(float a, float b) {
+    float r;
+    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ float cpemu_fadd_rz(float a, float b) {
+    float r;
+    asm("add.rz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+// a * b + c computed exactly, rounded once to nearest even / toward zero
+__device__ __forceinline__ float cpemu_fma_rn(float a, float b, float c) {
+    float r;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+}
+
+__device__ __forceinline__ float cpemu_fma_rz(float a, float b, float c) {
+    float r;
+    asm("fma.rz.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
     return r;
 }
 

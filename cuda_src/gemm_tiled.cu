@@ -54,6 +54,7 @@
 // (kernels.py checks).
 
 #include "cpemu_fp32.cuh"
+#include "cpemu_fp8.cuh"
 
 typedef unsigned char cpt_u8;
 typedef unsigned short cpt_u16;
@@ -113,60 +114,10 @@ struct CptShared {
 static_assert(sizeof(CptShared) == CPT_SMEM_BYTES, "shared memory layout: update kernels.py TILED_SMEM_BYTES");
 
 // ------------------------------------------------------------------------ IEEE FP32
-// Every FP32 operation of this file is this PTX instruction or one of cpemu_fp32.cuh's,
-// without .ftz: IEEE results with subnormals kept, whatever the compiler's -ftz / --fmad
-// flags (cupy's NVRTC wrapper appends -ftz=true; the intrinsics __fmaf_rz, __fmul_rn, ...
-// would then flush). __int2float_rn only converts integers below 2**24 (exact).
-__device__ __forceinline__ float cpt_fsub_rn(float a, float b) {
-    float r;
-    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-__device__ __forceinline__ float cpt_fadd_rz(float a, float b) {
-    float r;
-    asm("add.rz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-__device__ __forceinline__ float cpt_fma_rn(float a, float b, float c) {
-    float r;
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
-    return r;
-}
-
-// a * b + c computed exactly, rounded once toward zero
-__device__ __forceinline__ float cpt_fma_rz(float a, float b, float c) {
-    float r;
-    asm("fma.rz.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
-    return r;
-}
-
+// Every FP32 operation of this file is one of cpemu_fp32.cuh's PTX instructions without
+// .ftz. __int2float_rn only converts integers below 2**24 (exact).
 // ------------------------------------------------------------------------ formats
 
-// formats._build_tables for one code; is_e5m2 = 0: e4m3 (fn), 1: e5m2.
-__device__ __forceinline__ void cpt_decode(cpt_u32 code, int is_e5m2, int* sign, int* m, int* e, int* nan,
-                                           int* inf) {
-    const int fb = is_e5m2 ? 2 : 3;
-    const int eb = is_e5m2 ? 5 : 4;
-    const int bias = is_e5m2 ? 15 : 7;
-    const int efield = (int)((code >> fb) & ((1u << eb) - 1u));
-    const int frac = (int)(code & ((1u << fb) - 1u));
-    const int emax_field = (1 << eb) - 1;
-    *sign = (code & 0x80u) ? -1 : 1;
-    *m = efield == 0 ? frac : (frac | (1 << fb));
-    *e = efield == 0 ? 1 - bias : efield - bias;
-    if (is_e5m2) {
-        *nan = efield == emax_field && frac != 0;
-        *inf = efield == emax_field && frac == 0;
-    } else {
-        *nan = efield == emax_field && frac == (1 << fb) - 1;
-        *inf = 0;
-    }
-    if (*nan || *inf) *m = 0;
-}
-
-__device__ __forceinline__ int cpt_frac_bits(int is_e5m2) { return is_e5m2 ? 2 : 3; }
 
 // Decode tables of both operands into shared memory. Fast path: the exact FP32 magnitude
 // m * 2**(e - fb) (the sign travels as a mask); integer path: m << S0 for A, m for B
@@ -176,11 +127,11 @@ __device__ __forceinline__ void cpt_build_luts(CptShared& sh, int a_fmt, int b_f
         const int op = i >> 8, code = i & 255;
         const int fmt = op ? b_fmt : a_fmt;
         int sign, m, e, nan, inf;
-        cpt_decode((cpt_u32)code, fmt, &sign, &m, &e, &nan, &inf);
+        cpemu_fp8_decode((cpt_u32)code, fmt, &sign, &m, &e, &nan, &inf);
         cpt_u32 v;
         if (fast) {
             // m * 2**(e - fb): m < 16 converts exactly, the power of two (>= 2**-16) is normal
-            const float p2 = __uint_as_float((cpt_u32)(127 + e - cpt_frac_bits(fmt)) << 23);
+            const float p2 = __uint_as_float((cpt_u32)(127 + e - cpemu_fp8_frac_bits(fmt)) << 23);
             v = __float_as_uint(cpemu_fmul_rn(__int2float_rn(m), p2));
         } else {
             v = op ? (cpt_u32)m : ((cpt_u32)m << S0);
@@ -322,8 +273,8 @@ __device__ __noinline__ int cpt_specials(float c, const cpt_u8* __restrict__ aro
     int nan = 0, pos = 0, neg = 0;
     for (int k = k0; k < k1; ++k) {
         int as, am, ae, an, ai, bs, bm, be, bn, bi;
-        cpt_decode(arow[k], a_fmt, &as, &am, &ae, &an, &ai);
-        cpt_decode(brow[k], b_fmt, &bs, &bm, &be, &bn, &bi);
+        cpemu_fp8_decode(arow[k], a_fmt, &as, &am, &ae, &an, &ai);
+        cpemu_fp8_decode(brow[k], b_fmt, &bs, &bm, &be, &bn, &bi);
         const int a_zero = am == 0 && !an && !ai;
         const int b_zero = bm == 0 && !bn && !bi;
         nan |= an | bn | (ai & b_zero) | (a_zero & bi);
@@ -485,7 +436,7 @@ __device__ __forceinline__ void cpt_sum_fast(const CptStage& sh, int ty, int tx,
             // c truncated toward zero to the grid 2**g (|c| < 2**(e_max + 1) <= 2**(g + 23)):
             // RZ(c + Cs) with Cs = +-C of c's sign, minus Cs (exact, Sterbenz)
             const float Cs = __uint_as_float(Cb[i][j] | (__float_as_uint(acc[i][j]) & 0x80000000u));
-            ct[i][j] = cpt_fsub_rn(cpt_fadd_rz(acc[i][j], Cs), Cs);
+            ct[i][j] = cpemu_fsub_rn(cpemu_fadd_rz(acc[i][j], Cs), Cs);
             Y[i][j] = 0u - Cb[i][j] * (cpt_u32)klen;
         }
 #pragma unroll 1
@@ -502,8 +453,8 @@ __device__ __forceinline__ void cpt_sum_fast(const CptStage& sh, int ty, int tx,
 #pragma unroll
             for (int j = 0; j < CPT_TN; ++j) {
                 const float C = __uint_as_float(Cb[i][j]);
-                const cpt_u32 y0 = __float_as_uint(cpt_fma_rz(va[0][i], vb[0][j], C)) ^ sa[0][i] ^ sb[0][j];
-                const cpt_u32 y1 = __float_as_uint(cpt_fma_rz(va[1][i], vb[1][j], C)) ^ sa[1][i] ^ sb[1][j];
+                const cpt_u32 y0 = __float_as_uint(cpemu_fma_rz(va[0][i], vb[0][j], C)) ^ sa[0][i] ^ sb[0][j];
+                const cpt_u32 y1 = __float_as_uint(cpemu_fma_rz(va[1][i], vb[1][j], C)) ^ sa[1][i] ^ sb[1][j];
                 Y[i][j] += y0 + y1;
             }
     }
@@ -524,7 +475,7 @@ __device__ __forceinline__ void cpt_sum_fast(const CptStage& sh, int ty, int tx,
             // 2**(g + 22) in magnitude, so the RN fused multiply-add is exact
             // (never -0: x - x and S * 2**g + 0 are +0 in RN, and a nonzero result is a multiple
             // of 2**g >= 2**(-126 - F), which the rounding below keeps nonzero)
-            out[i][j] = __uint_as_float(__float_as_uint(cpt_fma_rn(__int2float_rn(S), p2, ct[i][j])) & rmask);
+            out[i][j] = __uint_as_float(__float_as_uint(cpemu_fma_rn(__int2float_rn(S), p2, ct[i][j])) & rmask);
         }
 }
 
@@ -627,7 +578,7 @@ extern "C" __global__ void __launch_bounds__(CPT_THREADS, CPT_MINBLOCKS)
     const int m0 = blockIdx.y * CPT_BM, n0 = blockIdx.x * CPT_BN;
     const int fast = F <= 16;
     const int bf_emax = fast && a_fmt == 0 && b_fmt == 0;  // pass 1 by cpt_emax_bf16
-    const int S0 = F - cpt_frac_bits(a_fmt) - cpt_frac_bits(b_fmt);
+    const int S0 = F - cpemu_fp8_frac_bits(a_fmt) - cpemu_fp8_frac_bits(b_fmt);
     const cpt_u32 rmask = 0xFFFFFFFFu << (23 - R);
     const cpt_i64 MN = (cpt_i64)M * N;
     cpt_build_luts(sh, a_fmt, b_fmt, fast, S0);

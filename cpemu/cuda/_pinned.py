@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "e731ab53ac8538baf2c875a125d13621e40686dfc743d61b7820e7f6ab55cff6"
+MANIFEST_SHA256 = "e0b2b0497d44dbedd0ea892c5d5b65a32bc9d31b9384395ad599356e27592cb1"

@@ -1,0 +1,31 @@
+// FP8 codes, decoded as cpemu/formats.py's _build_tables does, shared by every cpemu kernel.
+//
+// is_e5m2 = 0: e4m3 (ml_dtypes float8_e4m3fn: bias 7, 3 fraction bits, NaN = S.1111.111, no
+// infinity); is_e5m2 = 1: e5m2 (bias 15, 2 fraction bits, IEEE-like Inf and NaN).
+#pragma once
+
+__device__ __forceinline__ int cpemu_fp8_frac_bits(int is_e5m2) { return is_e5m2 ? 2 : 3; }
+
+// One code: value = sign * m * 2**(e - frac_bits); sign is +1/-1 (bit 7, for every code); m
+// the integer significand with the hidden bit (0 for zero, NaN and Inf); e the unbiased
+// exponent (1 - bias for subnormals).
+__device__ __forceinline__ void cpemu_fp8_decode(unsigned int code, int is_e5m2, int* sign, int* m, int* e,
+                                                 int* nan, int* inf) {
+    const int fb = is_e5m2 ? 2 : 3;
+    const int eb = is_e5m2 ? 5 : 4;
+    const int bias = is_e5m2 ? 15 : 7;
+    const int efield = (int)((code >> fb) & ((1u << eb) - 1u));
+    const int frac = (int)(code & ((1u << fb) - 1u));
+    const int emax_field = (1 << eb) - 1;
+    *sign = (code & 0x80u) ? -1 : 1;
+    *m = efield == 0 ? frac : (frac | (1 << fb));
+    *e = efield == 0 ? 1 - bias : efield - bias;
+    if (is_e5m2) {
+        *nan = efield == emax_field && frac != 0;
+        *inf = efield == emax_field && frac == 0;
+    } else {
+        *nan = efield == emax_field && frac == (1 << fb) - 1;
+        *inf = 0;
+    }
+    if (*nan || *inf) *m = 0;
+}
