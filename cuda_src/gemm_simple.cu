@@ -18,6 +18,7 @@
 // cpemu/cuda/kernels.py).
 
 #include "cpemu_fp32.cuh"
+#include "cpemu_fp8.cuh"
 
 typedef unsigned char cps_u8;
 typedef unsigned int cps_u32;
@@ -41,29 +42,10 @@ struct CpsOperand {
     int inf;
 };
 
-// is_e5m2 = 0: e4m3 (ml_dtypes float8_e4m3fn: bias 7, 3 fraction bits, NaN = S.1111.111,
-// no infinity); is_e5m2 = 1: e5m2 (bias 15, 2 fraction bits, IEEE-like Inf and NaN).
-__device__ __forceinline__ int cps_frac_bits(int is_e5m2) { return is_e5m2 ? 2 : 3; }
-
+// cpemu_fp8.cuh's decode, plus e_nz
 __device__ __forceinline__ CpsOperand cps_decode(cps_u32 code, int is_e5m2) {
-    const int fb = is_e5m2 ? 2 : 3;
-    const int eb = is_e5m2 ? 5 : 4;
-    const int bias = is_e5m2 ? 15 : 7;
-    const int efield = (int)((code >> fb) & ((1u << eb) - 1u));
-    const int frac = (int)(code & ((1u << fb) - 1u));
-    const int emax_field = (1 << eb) - 1;
     CpsOperand op;
-    op.sign = (code & 0x80u) ? -1 : 1;
-    op.m = efield == 0 ? frac : (frac | (1 << fb));
-    op.e = efield == 0 ? 1 - bias : efield - bias;
-    if (is_e5m2) {
-        op.nan = efield == emax_field && frac != 0;
-        op.inf = efield == emax_field && frac == 0;
-    } else {
-        op.nan = efield == emax_field && frac == (1 << fb) - 1;
-        op.inf = 0;
-    }
-    if (op.nan || op.inf) op.m = 0;
+    cpemu_fp8_decode(code, is_e5m2, &op.sign, &op.m, &op.e, &op.nan, &op.inf);
     op.e_nz = op.m == 0 ? CPS_ZERO_EXP : op.e;
     return op;
 }
@@ -160,7 +142,7 @@ __device__ __forceinline__ float cps_specials(float out, float c, const cps_u8* 
 //   result = S * 2**(e_max - F) rounded toward zero to R fraction bits
 __device__ float cps_tfdpa(float c, const cps_u8* arow, const cps_u8* brow, int k0, int k1, int a_e5m2, int b_e5m2,
                            int F, int R, int e_zero) {
-    const int S0 = F - cps_frac_bits(a_e5m2) - cps_frac_bits(b_e5m2);
+    const int S0 = F - cpemu_fp8_frac_bits(a_e5m2) - cpemu_fp8_frac_bits(b_e5m2);
     int cs, ce;
     cps_i64 cm;
     cps_split_fp32(c, e_zero, &cs, &cm, &ce);

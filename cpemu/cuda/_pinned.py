@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "e0b2b0497d44dbedd0ea892c5d5b65a32bc9d31b9384395ad599356e27592cb1"
+MANIFEST_SHA256 = "5516c1fb866c0681204df76009dc9e543bf1fdc192118c597d56c08dd598dbac"

@@ -25,6 +25,7 @@ development and debugging on a GPU machine), with the same IEEE flags as the fat
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from pathlib import Path
@@ -195,6 +196,41 @@ def _fmt(f, name: str) -> FP8Format:
 # ---------------------------------------------------------------- the GEMM
 
 
+@functools.lru_cache(maxsize=512)
+def _static_config(a_format, b_format, plan, model, K: int, order_name, out_dtype, nan_raw) -> tuple:
+    """gemm_cuda's checks of everything but the arrays (cached per call signature):
+    (fa, fb, L, F, R, slices, promotion, epilogue order, NaN bits)."""
+    fa, fb = _fmt(a_format, "a_format"), _fmt(b_format, "b_format")
+    if not isinstance(model, InstructionModel):
+        _fail("model", "must be a cpemu.instruction.InstructionModel", type(model).__name__)
+    L, F, R = int(model.L), int(model.F), int(model.result_fraction_bits)
+    if L % K_ALIGN or not 0 < L <= 32:
+        _fail("model", f"L must be a multiple of {K_ALIGN} between 8 and 32", L)
+    if not fa.frac_bits + fb.frac_bits <= F <= 29:
+        _fail("model", f"F must lie in [{fa.frac_bits + fb.frac_bits}, 29] for these formats", F)
+    if not 0 <= R <= 23:
+        _fail("model", "the result rounding must keep 0 to 23 fraction bits", R)
+    if not isinstance(plan, Plan):
+        _fail("plan", "must be a cpemu.schedule.Plan", type(plan).__name__)
+    slices = [(int(k0), int(k1)) for k0, k1 in plan.slices]
+    if not slices:
+        _fail("plan", "must have at least one slice", plan.slices)
+    for k0, k1 in slices:
+        if not 0 <= k0 < k1 <= K or k0 % K_ALIGN or k1 % K_ALIGN:
+            _fail("plan", f"slices must be non-empty ranges within [0, K={K}] with bounds multiple of {K_ALIGN}",
+                  plan.slices)
+    promotion = 0 if plan.promotion is None else int(plan.promotion)
+    if plan.promotion is not None and promotion <= 0:
+        _fail("plan", "promotion must be None (fast accumulation) or a positive number of steps", plan.promotion)
+    order = EPILOGUE_ORDERS.get(order_name) if isinstance(order_name, str) else None
+    if order is None:
+        _fail("mode", f"mode['epilogue']['order'] must be one of {sorted(EPILOGUE_ORDERS)}", repr(order_name))
+    if out_dtype not in OUT_KIND:
+        _fail("out_dtype", f"must be one of {sorted(OUT_KIND)}", repr(out_dtype))
+    nan_bits = CANONICAL_NAN[out_dtype] if nan_raw is None else int(nan_raw)
+    return fa, fb, L, F, R, tuple(slices), promotion, order, nan_bits
+
+
 def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: Plan, model: InstructionModel,
               mode: dict, scale_a, scale_b, bias_f32, out_dtype: str, *, defines: tuple = ()):
     """Exact ``(a @ b) * scales (+ bias)`` on the GPU, bit for bit the reference's.
@@ -233,37 +269,16 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
         _fail("a_codes", "K must be a positive multiple of 16", K)
     if N == 0:
         _fail("bt_codes", "N must be positive", N)
-    fa, fb = _fmt(a_format, "a_format"), _fmt(b_format, "b_format")
-    if not isinstance(model, InstructionModel):
-        _fail("model", "must be a cpemu.instruction.InstructionModel", type(model).__name__)
-    L, F, R = int(model.L), int(model.F), int(model.result_fraction_bits)
-    if L % K_ALIGN or not 0 < L <= 32:
-        _fail("model", f"L must be a multiple of {K_ALIGN} between 8 and 32", L)
-    if not fa.frac_bits + fb.frac_bits <= F <= 29:
-        _fail("model", f"F must lie in [{fa.frac_bits + fb.frac_bits}, 29] for these formats", F)
-    if not 0 <= R <= 23:
-        _fail("model", "the result rounding must keep 0 to 23 fraction bits", R)
-    if not isinstance(plan, Plan):
-        _fail("plan", "must be a cpemu.schedule.Plan", type(plan).__name__)
-    slices = [(int(k0), int(k1)) for k0, k1 in plan.slices]
-    if not slices:
-        _fail("plan", "must have at least one slice", plan.slices)
-    for k0, k1 in slices:
-        if not 0 <= k0 < k1 <= K or k0 % K_ALIGN or k1 % K_ALIGN:
-            _fail("plan", f"slices must be non-empty ranges within [0, K={K}] with bounds multiple of {K_ALIGN}",
-                  plan.slices)
-    promotion = 0 if plan.promotion is None else int(plan.promotion)
-    if plan.promotion is not None and promotion <= 0:
-        _fail("plan", "promotion must be None (fast accumulation) or a positive number of steps", plan.promotion)
     try:
-        order = EPILOGUE_ORDERS[mode["epilogue"]["order"]]
+        order_name = mode["epilogue"]["order"]
     except (KeyError, TypeError):
-        _fail("mode", f"mode['epilogue']['order'] must be one of {sorted(EPILOGUE_ORDERS)}",
-              repr(mode.get("epilogue") if isinstance(mode, dict) else mode))
-    if out_dtype not in OUT_KIND:
-        _fail("out_dtype", f"must be one of {sorted(OUT_KIND)}", repr(out_dtype))
-    nan_bits = (mode.get("nan_bits") or {}).get(out_dtype)
-    nan_bits = CANONICAL_NAN[out_dtype] if nan_bits is None else int(nan_bits)
+        order_name = None
+    nan_raw = (mode.get("nan_bits") or {}).get(out_dtype) if isinstance(mode, dict) else None
+    try:  # the checks below depend on these arguments only: done once per signature
+        cfg = _static_config(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
+    except TypeError:  # an unhashable argument: checked (and refused) without the cache
+        cfg = _static_config.__wrapped__(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
+    fa, fb, L, F, R, slices, promotion, order, nan_bits = cfg
 
     if kernel_family == TENSOR_CORE:  # scales are checked and uploaded (once per value) there
         from .tensorcore import gemm_tc

@@ -36,6 +36,7 @@ reference on the device, and :func:`supports` declines every call outside the li
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 
@@ -270,7 +271,8 @@ def _pad_k16(x):
 
 
 def _scale(x, name: str, cupy, device: int, size: int, what: str):
-    """A float32 scale (numpy or cupy) as a contiguous device vector of ``size`` elements.
+    """A float32 scale (numpy or cupy) as a contiguous device array of ``size`` elements
+    (only its pointer is passed on).
 
     Tensorwise host scalars are uploaded once per value and device (a small cache), so a
     repeated call does no host-to-device copy."""
@@ -279,7 +281,7 @@ def _scale(x, name: str, cupy, device: int, size: int, what: str):
             raise ValueError(f"{name}: must be float32 with {what} (got {x.dtype}, shape {x.shape})")
         if x.device.id != device:
             raise ValueError(f"{name}: must be on the device of the operands (device {device}; got {x.device.id})")
-        return x.reshape(size) if x.flags.c_contiguous else cupy.ascontiguousarray(x).reshape(size)
+        return x if size == 1 or x.flags.c_contiguous else cupy.ascontiguousarray(x)
     arr = np.asarray(x)
     if arr.dtype != np.float32 or arr.size != size:
         raise ValueError(f"{name}: must be float32 with {what} (got {arr.dtype}, shape {arr.shape})")
@@ -293,6 +295,23 @@ def _scale(x, name: str, cupy, device: int, size: int, what: str):
             cache.clear()
         dev = cache[key] = cupy.asarray(arr.reshape(1))
     return dev
+
+
+def _workspace(cupy, device: int, stream: int, nbytes: int):
+    """cuBLASLt's workspace for calls on ``stream``: one buffer per (device, stream), grown
+    when needed and reused (calls on one stream run in order, as torch does per stream)."""
+    key = (device, stream)
+    ws = _state.setdefault("workspaces", {})
+    buf = ws.get(key)
+    if buf is None or buf.size < nbytes:
+        if len(ws) > 64:
+            ws.clear()
+        buf = ws[key] = cupy.empty(nbytes, dtype=cupy.uint8)
+    return buf
+
+
+def _size(x) -> int:
+    return x.size if hasattr(x, "size") else int(np.size(x))
 
 
 class _Signature:
@@ -350,12 +369,12 @@ def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, 
     device = a_codes.device.id
     M, K = a_codes.shape
     N = bt_codes.shape[0]
-    scaling = "tensorwise" if (np.size(scale_a) == 1 and np.size(scale_b) == 1) else "rowwise"
+    scaling = "tensorwise" if (_size(scale_a) == 1 and _size(scale_b) == 1) else "rowwise"
     sig = _signature(device, M, N, K, a_format, b_format, plan, model, mode, scaling, bias_f32 is not None,
                      out_dtype, fast_accum)
     prep, lt = sig.prep, sig.prep.lt
     rowwise = scaling == "rowwise"
-    with cupy.cuda.Device(device):
+    with (contextlib.nullcontext() if cupy.cuda.runtime.getDevice() == device else cupy.cuda.Device(device)):
         sa = _scale(scale_a, "scale_a", cupy, device, M if rowwise else 1,
                     f"shape (M, 1) = ({M}, 1)" if rowwise else "one element")
         sb = _scale(scale_b, "scale_b", cupy, device, N if rowwise else 1,
@@ -374,12 +393,12 @@ def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, 
             # the bias was widened exactly from bf16/fp16 (the output dtype): narrow it back
             bias = (b32.view(cupy.uint32) >> 16).astype(cupy.uint16) if out_dtype == "bfloat16" else \
                 b32.astype(cupy.float16)
-        ws = cupy.empty(prep.workspace, dtype=cupy.uint8) if prep.workspace else None
         stream = cupy.cuda.get_current_stream().ptr
         h = lt.h
         m = prep.made
         ptrs = (sa.data.ptr, sb.data.ptr, None if bias is None else bias.data.ptr)
         with _lock:  # the descriptor's pointers are per call
+            ws = _workspace(cupy, device, stream, prep.workspace) if prep.workspace else None
             if sig.last != ptrs:
                 # cuBLASLt A is torch's b: its scale is scale_b; B (torch's a) takes scale_a
                 lt.set_desc(m["desc"], h.DESC_A_SCALE_POINTER, ctypes.c_void_p(ptrs[1]), "set A_SCALE_POINTER")
