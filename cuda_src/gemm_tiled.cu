@@ -71,6 +71,14 @@ typedef unsigned long long cpt_u64;
 #ifndef CPT_MINBLOCKS
 #define CPT_MINBLOCKS 2
 #endif
+#ifndef CPT_SUM_UNROLL
+#define CPT_SUM_UNROLL 1  // unrolling of pass 2's loop (fast path), in pairs of K elements
+#endif
+#ifndef CPT_EMAX_UNROLL
+#define CPT_EMAX_UNROLL 2  // unrolling of pass 1's bf16 loop, in pairs of K elements
+#endif
+#define CPT_PRAGMA_(x) _Pragma(#x)
+#define CPT_UNROLL(n) CPT_PRAGMA_(unroll n)
 #define CPT_BM 64
 #define CPT_BN 64
 #define CPT_KT 32  // K elements per shared-memory stage: the largest L
@@ -311,7 +319,7 @@ __device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
         for (int j = 0; j < CPT_TN; ++j) X[i][j] = 0u;
-#pragma unroll 2
+CPT_UNROLL(CPT_EMAX_UNROLL)
     for (int q = 0; q < klen / 2; ++q) {
         cpt_u32 xa[CPT_TM], xb[CPT_TN];
 #pragma unroll
@@ -439,7 +447,7 @@ __device__ __forceinline__ void cpt_sum_fast(const CptStage& sh, int ty, int tx,
             ct[i][j] = cpemu_fsub_rn(cpemu_fadd_rz(acc[i][j], Cs), Cs);
             Y[i][j] = 0u - Cb[i][j] * (cpt_u32)klen;
         }
-#pragma unroll 1
+CPT_UNROLL(CPT_SUM_UNROLL)
     for (int kk = 0; kk < klen; kk += 2) {  // klen is a multiple of 8
         float va[2][CPT_TM], vb[2][CPT_TN];
         cpt_u32 sa[2][CPT_TM], sb[2][CPT_TN];
