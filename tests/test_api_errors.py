@@ -557,3 +557,54 @@ def test_cli_verify(runner, profile_file, tmp_path, corrupt):
 def test_cli_verify_missing_manifest(runner, tmp_path):
     r = runner.invoke(main, ["verify", str(tmp_path)])
     assert r.exit_code != 0 and "Error:" in r.output and "Traceback" not in r.output
+
+
+# ---------------------------------------------------------------- gemm_cuda's static checks
+# (kernels._static_config runs on the CPU: everything gemm_cuda checks but the arrays, cached
+# per call signature; a refused signature must be refused on every call, not only the first)
+
+def _static_args(**kw):
+    from cpemu.schedule import Plan
+
+    args = dict(a_format="e4m3", b_format="e4m3", plan=Plan(slices=((0, 64),), promotion=None),
+                model=HOPPER_SM90A, K=64, order_name="acc*(sa*sb)", out_dtype="bfloat16", nan_raw=None)
+    args.update(kw)
+    return args
+
+
+@pytest.mark.parametrize("kw, arg", [
+    (dict(a_format="e4m4"), "a_format"),
+    (dict(b_format="fp16"), "b_format"),
+    (dict(model="hopper"), "model"),
+    (dict(plan="unsplit"), "plan"),
+    (dict(K=32), "plan"),
+    (dict(order_name="acc*sa*sb"), "mode"),
+    (dict(out_dtype="float64"), "out_dtype"),
+])
+def test_static_checks_refuse_every_time(kw, arg):
+    from cpemu.cuda.kernels import _static_config
+
+    for _ in range(3):
+        with pytest.raises(ValueError, match=rf"^{arg}: "):
+            _static_config(**_static_args(**kw))
+
+
+def test_static_checks_cached_result_is_the_checked_one():
+    from cpemu.cuda.kernels import _static_config
+    from cpemu.schedule import Plan
+
+    plan = Plan(slices=((0, 32), (32, 64)), promotion=4)
+    got = _static_config(**_static_args(plan=plan, nan_raw=0x7FC0, out_dtype="float16"))
+    assert got == _static_config.__wrapped__(**_static_args(plan=plan, nan_raw=0x7FC0, out_dtype="float16"))
+    fa, fb, L, F, R, slices, promotion, order, nan_bits = got
+    assert (fa.name, fb.name, L, F, R) == ("e4m3", "e4m3", 32, 13, 13)
+    assert (slices, promotion, order, nan_bits) == (((0, 32), (32, 64)), 4, 0, 0x7FC0)
+
+
+def test_static_checks_unhashable_argument_still_refused():
+    from cpemu.cuda.kernels import _static_config
+
+    with pytest.raises(TypeError):  # what gemm_cuda catches before calling the unwrapped checks
+        _static_config(**_static_args(plan=[(0, 64)]))
+    with pytest.raises(ValueError, match="^plan: must be a cpemu.schedule.Plan"):
+        _static_config.__wrapped__(**_static_args(plan=[(0, 64)]))

@@ -31,8 +31,8 @@ def test_records_cover_the_grid():
             for M in MS:
                 p = pts[("hopper-h200-torch", shape, data, M)]
                 assert {"cublaslt-tc", "cuda-tiled", "cuda-simple", "native"} <= set(p), (shape, data, M, set(p))
-            p = pts[("ada-rtx4060-torch", shape, data, 2048)]
-            assert {"cublaslt-tc", "native"} <= set(p)
+                p = pts[("ada-rtx4060-torch", shape, data, M)]
+                assert {"cublaslt-tc", "native"} <= set(p), (shape, data, M, set(p))
 
 
 def test_every_check_passed():
@@ -61,3 +61,21 @@ def test_summary_exit_status(tmp_path):
     bad.write_text(json.dumps(rec))
     r = CliRunner().invoke(main, [str(bad)])
     assert r.exit_code == 1 and "FAIL" in r.output and "backends.validate" in r.output
+
+
+def test_hopper_points_compared_in_full():
+    """On the hopper profile every point compares cublaslt-tc's and cuda-tiled's full output
+    with cuda-simple's (three implementations) and the first rows with the reference."""
+    seen = set()
+    for path in RECORDS:
+        with open(path) as f:
+            rec = json.load(f)
+        if rec["profile"]["name"] != "hopper-h200-torch":
+            continue
+        for e in rec["exactness"]:
+            assert e["vs_reference_rows"]["ok"] is True and e["vs_reference_rows"]["compared"] > 0, e
+            if e["kernel"] in ("cublaslt-tc", "cuda-tiled"):
+                full = e["vs_cuda_simple"]
+                assert full["ok"] is True and full["compared"] == e["M"] * e["N"], e
+                seen.add((e["shape"], e["data"], e["M"], e["kernel"]))
+    assert len(seen) == len(SHAPES) * len(DATA) * len(MS) * 2
