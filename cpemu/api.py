@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import ml_dtypes
@@ -31,26 +32,26 @@ def _check_operand(x, name: str):
     return fmt
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _check_scale(s, name: str):
     """A float32 array of the scale (torch takes float32 scale tensors)."""
-    if isinstance(s, numbers.Real) and not isinstance(s, (bool, np.bool_)) and np.ndim(s) == 0 \
-            and not isinstance(s, np.ndarray):
-        with np.errstate(over="ignore"):
-            arr = np.array(s, dtype=np.float32)
-        if not np.isfinite(float(s)):
+    if isinstance(s, numbers.Real) and not isinstance(s, (bool, np.bool_, np.ndarray)) and np.ndim(s) == 0:
+        f = float(s)
+        if not math.isfinite(f):
             _fail(name, "must be finite", s)
-        if float(arr) != float(s):
+        if abs(f) > _F32_MAX or float(np.float32(f)) != f:
             _fail(name, "a Python scalar scale must be exactly representable in float32 "
                         "(pass np.float32(x) to round it as torch.tensor(x) does)", s)
-    elif isinstance(s, np.ndarray):
-        arr = s
-        if arr.dtype != np.float32:
-            _fail(name, "must be a float32 scalar or array (torch._scaled_mm takes float32 scales)", arr.dtype)
-    else:
+        return np.array(f, dtype=np.float32)
+    if not isinstance(s, np.ndarray):
         _fail(name, "must be a float or a float32 numpy array", type(s).__name__)
-    if not np.isfinite(arr).all():
-        _fail(name, "must be finite", arr.ravel()[~np.isfinite(arr.ravel())][:4])
-    return arr
+    if s.dtype != np.float32:
+        _fail(name, "must be a float32 scalar or array (torch._scaled_mm takes float32 scales)", s.dtype)
+    if not (math.isfinite(s.item()) if s.size == 1 else np.isfinite(s).all()):
+        _fail(name, "must be finite", s.ravel()[~np.isfinite(s.ravel())][:4])
+    return s
 
 
 def _scaling(sa, sb, M: int, N: int):
@@ -82,7 +83,9 @@ def _check_device_operand(x, name: str, fmt_name, k_major: bool):
         _fail(f"{name}_format", "must name the FP8 format of a cupy operand: 'e4m3' or 'e5m2'", repr(fmt_name))
     if x.ndim != 2:
         _fail(name, "must be a 2-D matrix", f"shape {x.shape}")
-    contiguous = x.flags.c_contiguous if k_major else x.T.flags.c_contiguous
+    # K contiguous: the strides of a dense uint8 (M, K) / column-major (K, N) matrix, else the flags
+    contiguous = x.strides == ((x.shape[1], 1) if k_major else (1, x.shape[0])) or \
+        (x.flags.c_contiguous if k_major else x.T.flags.c_contiguous)
     if not contiguous and x.size:
         _fail(name, "a cupy operand must be " + ("C-contiguous (M, K)" if k_major else
                                                   "a column-major (K, N) matrix, e.g. bt.T of a C-contiguous (N, K)"),
@@ -145,7 +148,7 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
         if bias is not None and bias.dtype == np.uint16:  # bf16 bits from the device
             bias = bias.view(ml_dtypes.bfloat16)
     sa, sb, scaling = _scaling(_check_scale(scale_a, "scale_a"), _check_scale(scale_b, "scale_b"), M, N)
-    sa, sb = sa.astype(np.float32), sb.astype(np.float32)
+    sa, sb = np.asarray(sa, dtype=np.float32), np.asarray(sb, dtype=np.float32)
     bias_f32, bias_dtype = None, None
     if bias is not None:
         if not isinstance(bias, np.ndarray) or bias.dtype not in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):

@@ -9,7 +9,7 @@ validated against ``schemas/profile.schema.json`` when loaded.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
@@ -48,6 +48,9 @@ class Profile:
     name: str
     data: dict
     base_dir: str | None = None  # folder of a profile loaded from a file (for its split-K table)
+    # derived values (the instruction model, plans per call signature), computed once: a
+    # profile's data is not changed after it is loaded
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_file(cls, path: str) -> "Profile":
@@ -61,7 +64,10 @@ class Profile:
 
     @property
     def instruction(self) -> InstructionModel:
-        return InstructionModel.from_json(self.data["instruction"])
+        model = self._memo.get("instruction")
+        if model is None:
+            model = self._memo["instruction"] = InstructionModel.from_json(self.data["instruction"])
+        return model
 
     @property
     def status(self) -> str:
@@ -83,7 +89,19 @@ class Profile:
 
     def plan(self, M: int, N: int, K: int, fast_accum: bool, scaling: str = "tensorwise",
              a_format: str = "e4m3", b_format: str = "e4m3", out_dtype: str = "bfloat16") -> Plan:
-        """The schedule of one call: split-K slices and promotion (see :mod:`cpemu.schedule`)."""
+        """The schedule of one call: split-K slices and promotion (see :mod:`cpemu.schedule`).
+
+        Cached per call signature (a refused shape raises on every call)."""
+        key = ("plan", M, N, K, bool(fast_accum), scaling, a_format, b_format, out_dtype)
+        plan = self._memo.get(key)
+        if plan is None:
+            plan = self._plan(M, N, K, fast_accum, scaling, a_format, b_format, out_dtype)
+            if len(self._memo) > 4096:
+                self._memo.clear()
+            self._memo[key] = plan
+        return plan
+
+    def _plan(self, M, N, K, fast_accum, scaling, a_format, b_format, out_dtype) -> Plan:
         mode = self.mode(scaling)
         rule = self.split_rule(scaling)
         splits = rule.splits(M, N, K, fast_accum, (a_format, b_format, out_dtype))

@@ -197,7 +197,7 @@ def _host_numpy(t: torch.Tensor) -> np.ndarray:
     """
     t = t.detach()
     if t.device.type != "cpu":
-        t = t.cpu()  # the one copy of this version; the CUDA backends will take the device buffer instead
+        t = t.cpu()  # scales and bias (small); CUDA operands stay on the device (_gemm_on_device)
     try:
         return np.from_dlpack(t)
     except (TypeError, RuntimeError, BufferError, AttributeError):
@@ -331,9 +331,43 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     if bias is not None:
         bits = _host_numpy(bias.reshape(-1).view(torch.int16))
         np_bias = bits.view(ml_dtypes.bfloat16 if bias.dtype == torch.bfloat16 else np.float16)
+    if device.type == "cuda" and _cupy() is not None:
+        return _gemm_on_device(a, b, sa, sb, np_bias, prof, out_dt, use_fast_accum, backend)
     y = gemm(_fp8_numpy(a), _fp8_numpy(b), profile=prof, scale_a=sa, scale_b=sb, bias=np_bias,
              out_dtype=_OUT[out_dt], fast_accum=use_fast_accum, backend=backend)
     return _to_torch(y, out_dt, device)
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+def _gemm_on_device(a, b, sa, sb, np_bias, prof, out_dt, use_fast_accum, backend):
+    """The GEMM of CUDA tensors where they are: the FP8 codes and the result are shared with
+    cupy through the CUDA array interface (no copy), on torch's current stream of the
+    operands' device.
+
+    ``a`` row-major and ``b`` column-major with padded leading dimensions (which torch accepts)
+    are first made dense on the device."""
+    cupy = _cupy()
+    device = a.device
+    if a.stride(1) != 1 or a.stride(0) != a.shape[1]:
+        a = a.contiguous()
+    if b.stride(0) != 1 or b.stride(1) != b.shape[0]:
+        b = b.t().contiguous().t()
+    sp = torch.cuda.current_stream(device).cuda_stream
+    stream = cupy.cuda.Stream.null if sp == 0 else cupy.cuda.ExternalStream(sp, device.index)
+    with cupy.cuda.Device(device.index), stream:
+        a_codes = cupy.asarray(a.detach().view(torch.uint8))
+        b_codes = cupy.asarray(b.detach().view(torch.uint8))
+        y = gemm(a_codes, b_codes, profile=prof, scale_a=sa, scale_b=sb, bias=np_bias, out_dtype=_OUT[out_dt],
+                 fast_accum=use_fast_accum, backend=backend, a_format=_FP8[a.dtype][1], b_format=_FP8[b.dtype][1])
+        out = torch.as_tensor(y if out_dt == torch.float32 else y.view(cupy.int16), device=device)
+    return out if out_dt == torch.float32 else out.view(out_dt)
 
 
 # --------------------------------------------------------------------------- patch

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "5516c1fb866c0681204df76009dc9e543bf1fdc192118c597d56c08dd598dbac"
+MANIFEST_SHA256 = "7c812ecb38a8565a724e91e046b8f5fbe7feac38c3c88691f652a5784538ff8e"

@@ -159,7 +159,7 @@ def _codes(x, name: str, cupy, device: int | None):
         _fail(name, "dtype must be uint8 (FP8 codes; view float8 data as uint8)", x.dtype)
     if x.ndim != 2:
         _fail(name, "must be a 2-D matrix", f"shape {x.shape}")
-    if not x.flags.c_contiguous:
+    if x.strides != (x.shape[1], 1) and not x.flags.c_contiguous:  # the strides of a dense uint8 matrix
         _fail(name, "must be C-contiguous (row-major, K contiguous)", f"strides {x.strides}")
     if device is not None and x.device.id != device:
         _fail(name, f"must be on the same device as a_codes (device {device})", f"device {x.device.id}")

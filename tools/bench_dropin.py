@@ -1,0 +1,167 @@
+"""Speed of the torch drop-in, ``cpemu.torch.scaled_mm``, side by side with ``torch._scaled_mm``.
+
+What a user of the drop-in pays per call: the emulated call on CUDA tensors (argument checks
+as torch's, the profile's plan, the backend ``--backend`` picks, the result as a torch tensor)
+against the native call on the same operands, in one run. Per (shape, M): both calls warm up,
+then ``--windows`` windows of back-to-back calls, each at least ``--window-s`` long, are timed
+with CUDA events on torch's current stream; the median window gives ms per call, TMAC/s and the
+ratio emulated / native. The host time per call is measured on a batch of at most 64 calls
+after the warm-up (too few to fill the driver's queue).
+
+Bits: where the profile is the GPU's own (``--must-match``, e.g. ``hopper-h200-torch`` on an
+H200 with the recorded torch/cuBLASLt), every output must equal the native one (full output,
+exit 1 otherwise); else the number of differing outputs is recorded.
+
+Operands: ``cpemu.cases`` data (``gauss40``: N(0, 1600), or ``adversarial``) as FP8 e4m3 codes,
+``a`` (M, K) row-major, ``b`` the transposed view of an (N, K) weight, unit float32 scales on
+the device, bf16 output, fast accumulation.
+
+    python tools/bench_dropin.py --shape evo2-1b --shape evo2-40b --M 64,2048 --out dropin.json
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+
+import click
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_kernels import git_state, package_versions, parse_data, parse_int_list, parse_shape  # noqa: E402
+
+#: Host time per call is taken from a batch of at most this many calls.
+HOST_BATCH = 64
+
+
+def _time(torch, fn, window_s: float, windows: int) -> dict:
+    """Event-timed windows of back-to-back ``fn()`` calls (see the module docstring)."""
+    fn()
+    torch.cuda.synchronize()
+    n, per = 1, None
+    t_end = time.perf_counter() + min(1.0, window_s)
+    while time.perf_counter() < t_end or per is None:  # warm-up in growing batches; calibrates n
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        per = (time.perf_counter() - t0) / n
+        n = min(n * 4, 100000)
+    host_n = min(HOST_BATCH, max(1, int(window_s / max(per, 1e-7))))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(host_n):
+        fn()
+    host = (time.perf_counter() - t0) / host_n
+    torch.cuda.synchronize()
+    launches = max(1, int(window_s / max(per, 1e-7)))
+    ms = []
+    for _ in range(windows):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(launches):
+            fn()
+        stop.record()
+        stop.synchronize()
+        ms.append(start.elapsed_time(stop) / launches)
+    return {"ms": statistics.median(ms), "windows_ms_per_call": ms, "launches_per_window": launches,
+            "host_ms_per_call": host * 1e3}
+
+
+@click.command()
+@click.option("--shape", "shapes", multiple=True, help="Repeatable: evo2-1b, evo2-7b, evo2-40b or NxK. "
+              "Default: the three Evo 2 shapes.")
+@click.option("--M", "m_list", default="16,64,256,1024,2048,8192", show_default=True, help="Comma list of M")
+@click.option("--data", default="gauss40", show_default=True, help="Comma list: gauss40, adversarial, ...")
+@click.option("--profile", default="hopper-h200-torch", show_default=True)
+@click.option("--backend", default="auto", show_default=True, help="cpemu backend ('auto': the ladder)")
+@click.option("--must-match/--no-must-match", default=None,
+              help="Require the emulated bits to equal the native ones. Default: on for hopper-h200-torch "
+                   "on a compute-capability 9.0 GPU.")
+@click.option("--window-s", default=0.5, show_default=True, type=float)
+@click.option("--windows", default=5, show_default=True, type=int)
+@click.option("--seed", default=1, show_default=True, type=int)
+@click.option("--out", "out_path", default="bench_dropin.json", show_default=True)
+def main(shapes, m_list, data, profile, backend, must_match, window_s, windows, seed, out_path):
+    """Time cpemu.torch.scaled_mm against torch._scaled_mm on CUDA tensors (writes JSON)."""
+    shape_list = [parse_shape(s) for s in (shapes or ("evo2-1b", "evo2-7b", "evo2-40b"))]
+    ms_ = parse_int_list(m_list, "--M")
+    data_list = parse_data(data)
+    if windows < 1 or window_s <= 0:
+        raise click.BadParameter("--windows >= 1 and --window-s > 0", param_hint="--windows")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise click.ClickException("needs torch with a CUDA GPU")
+    import cpemu.torch as ct
+    from cpemu.cases import Case, operands
+
+    cc = torch.cuda.get_device_capability()
+    if must_match is None:
+        must_match = profile == "hopper-h200-torch" and cc == (9, 0)
+    rec = {"tool": "tools/bench_dropin.py", "command_line": " ".join(shlex.quote(x) for x in sys.argv),
+           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "host": platform.node(), "packages": package_versions(), "git": git_state(),
+           "device": {"name": torch.cuda.get_device_name(), "compute_capability": list(cc),
+                      "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+                      "torch": torch.__version__, "torch_cuda": torch.version.cuda},
+           "profile": profile, "backend": backend, "must_match": must_match,
+           "call": "cpemu.torch.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True, "
+                   "profile=..., backend=...) vs torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, "
+                   "use_fast_accum=True); a (M, K), w (N, K) float8_e4m3fn CUDA tensors, unit float32 scales",
+           "timing": f"median of {windows} CUDA-event windows of >= {window_s} s of back-to-back calls",
+           "results": [], "failures": []}
+    one = torch.ones((), dtype=torch.float32, device="cuda")
+    for label, N, K in shape_list:
+        for dlabel, kind in data_list:
+            for M in ms_:
+                a_np, bt_np, *_ = operands(Case(M, N, K, data=kind, seed=seed))
+                a = torch.from_numpy(a_np).cuda().view(torch.float8_e4m3fn)
+                w = torch.from_numpy(bt_np).cuda().view(torch.float8_e4m3fn)
+
+                def native():
+                    return torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                            use_fast_accum=True)
+
+                def emulated():
+                    return ct.scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True,
+                                        profile=profile, backend=backend)
+
+                y_nat, y_emu = native(), emulated()
+                torch.cuda.synchronize()
+                diff = int((y_nat.view(torch.int16) != y_emu.view(torch.int16)).sum())
+                r = {"shape": label, "N": N, "K": K, "M": M, "data": dlabel, "macs": M * N * K,
+                     "outputs_differing_from_native": diff}
+                r["native"] = _time(torch, native, window_s, windows)
+                r["emulated"] = _time(torch, emulated, window_s, windows)
+                for k in ("native", "emulated"):
+                    r[k]["tmac_s"] = M * N * K / (r[k]["ms"] / 1e3) / 1e12
+                r["emulated_over_native"] = r["native"]["ms"] / r["emulated"]["ms"]
+                rec["results"].append(r)
+                if must_match and diff:
+                    rec["failures"].append(f"{label} {dlabel} M={M}: {diff} outputs differ from native")
+                click.echo(f"{label:9s} {dlabel:11s} M={M:<5d} native {r['native']['ms'] * 1e3:9.1f} us "
+                           f"(host {r['native']['host_ms_per_call'] * 1e3:6.1f})  cpemu.torch "
+                           f"{r['emulated']['ms'] * 1e3:9.1f} us (host {r['emulated']['host_ms_per_call'] * 1e3:6.1f})"
+                           f"  ratio {r['emulated_over_native']:.3f}  differing outputs {diff}")
+                with open(out_path, "w") as f:
+                    json.dump(rec, f, indent=1)
+    with open(out_path, "w") as f:
+        json.dump(rec, f, indent=1)
+    click.echo(f"wrote {out_path}")
+    if rec["failures"]:
+        for msg in rec["failures"]:
+            click.echo(f"FAIL: {msg}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
