@@ -31,6 +31,7 @@ and for checking numerics).
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -319,8 +320,12 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
                                   f"only tensorwise and rowwise scaling")
     if device.type == "meta":  # shape propagation only
         return torch.empty((M, N), dtype=out_dt, device=device)
-    sa = _host_numpy(scale_a)
-    sb = _host_numpy(scale_b)
+    if scaling[0] == "TensorWise" and scale_a.dtype == scale_b.dtype:  # both values in one transfer
+        both = _host_numpy(torch.stack((scale_a.detach().reshape(()), scale_b.detach().reshape(()))))
+        sa, sb = both[0:1], both[1:2]
+    else:
+        sa = _host_numpy(scale_a)
+        sb = _host_numpy(scale_b)
     if not (np.isfinite(sa).all() and np.isfinite(sb).all()):
         raise ProfileFeatureError(
             f"non-finite scale: torch accepts it, but profile {prof.name!r} does not record what the GPU "
@@ -346,6 +351,20 @@ def _cupy():
     return cupy
 
 
+def _cupy_stream(cupy, stream, device_index: int):
+    """cupy's view of a torch CUDA stream (the legacy default stream is cupy's null stream)."""
+    if stream.cuda_stream == 0:
+        return cupy.cuda.Stream.null
+    if hasattr(stream, "__cuda_stream__") and hasattr(cupy.cuda.Stream, "from_external"):
+        try:
+            return cupy.cuda.Stream.from_external(stream)
+        except (TypeError, ValueError, AttributeError):
+            pass
+    with warnings.catch_warnings():  # older cupy: the only way; newer: deprecated in favour of the above
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(stream.cuda_stream, device_index)
+
+
 def _gemm_on_device(a, b, sa, sb, np_bias, prof, out_dt, use_fast_accum, backend):
     """The GEMM of CUDA tensors where they are: the FP8 codes and the result are shared with
     cupy through the CUDA array interface (no copy), on torch's current stream of the
@@ -359,8 +378,7 @@ def _gemm_on_device(a, b, sa, sb, np_bias, prof, out_dt, use_fast_accum, backend
         a = a.contiguous()
     if b.stride(0) != 1 or b.stride(1) != b.shape[0]:
         b = b.t().contiguous().t()
-    sp = torch.cuda.current_stream(device).cuda_stream
-    stream = cupy.cuda.Stream.null if sp == 0 else cupy.cuda.ExternalStream(sp, device.index)
+    stream = _cupy_stream(cupy, torch.cuda.current_stream(device), device.index)
     with cupy.cuda.Device(device.index), stream:
         a_codes = cupy.asarray(a.detach().view(torch.uint8))
         b_codes = cupy.asarray(b.detach().view(torch.uint8))
