@@ -380,3 +380,23 @@ def test_explicit_native_without_cuda_fails(tmp_path, monkeypatch):
     assert result.exit_code == 1
     assert d["native_setting"] == {"on": False, "reason": "torch is importable but CUDA is not available to it"}
     assert d["results"][0]["status"] == "ok" and d["native"] == []
+
+
+def test_code_fingerprint_follows_the_code(tmp_path):
+    """The record's `code` sha256 changes with any byte of the package, the CUDA sources or the
+    fatbins, and with nothing else."""
+    for rel, data in (("cpemu/__init__.py", b"x = 1\n"), ("cpemu/cuda/k.py", b""), ("cuda_src/k.cu", b"//\n"),
+                      ("bin/k.fatbin", b"\x00\x01"), ("bin/manifest.json", b"{}"), ("README.md", b"r")):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    first = bench.code_fingerprint(str(tmp_path))
+    assert first["files"] == 5 and len(first["sha256"]) == 64
+    assert bench.code_fingerprint(str(tmp_path)) == first
+    (tmp_path / "README.md").write_bytes(b"other")
+    assert bench.code_fingerprint(str(tmp_path)) == first
+    (tmp_path / "bin" / "k.fatbin").write_bytes(b"\x00\x02")
+    second = bench.code_fingerprint(str(tmp_path))
+    assert second["sha256"] != first["sha256"]
+    (tmp_path / "cpemu" / "cuda" / "k.py").rename(tmp_path / "cpemu" / "cuda" / "j.py")  # same bytes, new name
+    assert bench.code_fingerprint(str(tmp_path))["sha256"] != second["sha256"]
+    assert bench.code_fingerprint()["files"] > 20  # the checkout's own

@@ -36,7 +36,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_kernels import git_state, package_versions, parse_data, parse_int_list, parse_shape  # noqa: E402
+from bench_kernels import (code_fingerprint, git_state, package_versions, parse_data, parse_int_list,  # noqa: E402
+                           parse_shape)
 
 #: Host time per call is taken from a batch of at most this many calls.
 HOST_BATCH = 64
@@ -110,6 +111,7 @@ def main(shapes, m_list, data, profile, backend, must_match, window_s, windows, 
     rec = {"tool": "tools/bench_dropin.py", "command_line": " ".join(shlex.quote(x) for x in sys.argv),
            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "host": platform.node(), "packages": package_versions(), "git": git_state(),
+           "code": code_fingerprint(),
            "device": {"name": torch.cuda.get_device_name(), "compute_capability": list(cc),
                       "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
                       "torch": torch.__version__, "torch_cuda": torch.version.cuda},

@@ -210,6 +210,27 @@ def git_state() -> dict | None:
         return None
 
 
+#: What decides the numbers a benchmark measures: the package, the CUDA sources and the fatbins.
+CODE_GLOBS = ("cpemu/**/*.py", "cpemu/profile_data/*.json", "cuda_src/*", "bin/*.fatbin", "bin/manifest.json")
+
+
+def code_fingerprint(root: str | None = None) -> dict:
+    """sha256 over the files of CODE_GLOBS (path and bytes, sorted by path): identifies the code a
+    record was measured with even where the checkout's git metadata is stale or missing."""
+    import glob
+
+    root = root or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    paths = sorted({os.path.relpath(p, root).replace(os.sep, "/")
+                    for g in CODE_GLOBS for p in glob.glob(os.path.join(root, g), recursive=True)
+                    if os.path.isfile(p)})
+    h = hashlib.sha256()
+    for rel in paths:
+        with open(os.path.join(root, rel), "rb") as f:
+            data = f.read()
+        h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return {"sha256": h.hexdigest(), "files": len(paths), "globs": list(CODE_GLOBS)}
+
+
 def _num(s: str):
     try:
         v = float(s.strip())
@@ -745,7 +766,7 @@ def main(ctx, kernels, profile, shapes, m_text, data_text, fast_accum, out_dtype
         "started_utc": _utc(), "complete": False,
         "host": {"hostname": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
                  "cpu_count": os.cpu_count()},
-        "packages": package_versions(), "git": git_state(),
+        "packages": package_versions(), "git": git_state(), "code": code_fingerprint(),
         "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CPEMU_CUDA_FROM_SOURCE")},
         "profile": {"name": prof.name, "status": prof.status, "instruction": model.to_json()},
         "config": {"a_format": FMT, "b_format": FMT, "scales": "unit tensorwise (cpemu.cases scale='unit')",
