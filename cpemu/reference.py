@@ -20,10 +20,13 @@ step except exact scalings by powers of two.
 
 Memory: outputs are processed in blocks of at most ``BLOCK_ELEMS`` (output,
 product) pairs, so a 4096 x 4096 x 4096 product holds a few tens of MiB of
-temporaries at once.
+temporaries per worker thread at once (``CPEMU_THREADS``, default the usable CPUs).
 """
 
 from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -37,6 +40,8 @@ __all__ = ["Operand", "decode", "tfdpa", "chain", "accumulate", "epilogue", "gem
 BLOCK_ELEMS = 1 << 17
 #: Output columns per block.
 BLOCK_COLS = 256
+#: Environment variable: worker threads of the reference GEMM (default: the usable CPUs).
+THREADS_ENV = "CPEMU_THREADS"
 
 #: Exponent given to zero operands: any product with a zero factor then lies far below
 #: every e_zero of the models (-133) and below any nonzero product (>= -28 - 28).
@@ -224,20 +229,51 @@ def epilogue(acc: np.ndarray, scale_a, scale_b, bias, ep: dict) -> np.ndarray:
     return y.astype(np.float32, copy=False)
 
 
+def threads_default() -> int:
+    """Worker threads of :func:`gemm_codes`: ``CPEMU_THREADS`` if set, else the CPUs this
+    process may run on (at most 32)."""
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"{THREADS_ENV}: must be a positive integer (got {env!r})")
+        return int(env)
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 32))
+
+
 def gemm_codes(a_codes, bt_codes, a_fmt, b_fmt, plan, model: InstructionModel, ep: dict, scale_a, scale_b, bias,
-               out_dtype: str, nan_bits: int | None = None) -> np.ndarray:
+               out_dtype: str, nan_bits: int | None = None, threads: int | None = None) -> np.ndarray:
     """The whole GEMM on FP8 codes: ``a_codes`` (M, K) and ``bt_codes`` (N, K) uint8, block by
     block (:func:`blocks`): accumulate as ``plan`` schedules, then the epilogue ``ep``, then the
     output conversion. ``scale_a``: () or (M, 1); ``scale_b``: () or (1, N); ``bias``: None or
-    (N,) float32. Returns a C-contiguous (M, N) array of ``out_dtype``."""
+    (N,) float32. Returns a C-contiguous (M, N) array of ``out_dtype``.
+
+    Blocks are independent and write disjoint parts of the output, so ``threads`` workers
+    (default :func:`threads_default`; numpy releases the GIL inside its loops) compute them
+    in any order with the same bits."""
     from .formats import OUT_DTYPES, encode_output
 
     a_ops, b_ops = decode(a_codes, a_fmt), decode(bt_codes, b_fmt)
     M, N = a_ops.m.shape[0], b_ops.m.shape[0]
     out = np.empty((M, N), dtype=OUT_DTYPES[out_dtype])
-    for rb, cb in blocks(M, N, model.L):
+
+    def block(rc):
+        rb, cb = rc
         acc = accumulate(a_ops.rows(rb), b_ops.rows(cb), plan, model)
         y = epilogue(acc, scale_a if np.ndim(scale_a) == 0 else scale_a[rb],
                      scale_b if np.ndim(scale_b) == 0 else scale_b[:, cb], None if bias is None else bias[cb], ep)
         out[rb, cb] = encode_output(y, out_dtype, nan_bits)
+
+    todo = list(blocks(M, N, model.L))
+    n = min(threads_default() if threads is None else int(threads), len(todo))
+    if n <= 1:
+        for rc in todo:
+            block(rc)
+    else:
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="cpemu-ref") as pool:
+            for _ in pool.map(block, todo):  # re-raises a block's exception
+                pass
     return out

@@ -231,6 +231,15 @@ def code_fingerprint(root: str | None = None) -> dict:
     return {"sha256": h.hexdigest(), "files": len(paths), "globs": list(CODE_GLOBS)}
 
 
+def _reference_threads():
+    from cpemu import reference
+
+    try:
+        return reference.threads_default()
+    except ValueError as e:  # a bad CPEMU_THREADS: the reference backend would refuse it too
+        return str(e)
+
+
 def _num(s: str):
     try:
         v = float(s.strip())
@@ -767,7 +776,8 @@ def main(ctx, kernels, profile, shapes, m_text, data_text, fast_accum, out_dtype
         "host": {"hostname": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
                  "cpu_count": os.cpu_count()},
         "packages": package_versions(), "git": git_state(), "code": code_fingerprint(),
-        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CPEMU_CUDA_FROM_SOURCE")},
+        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CPEMU_CUDA_FROM_SOURCE", "CPEMU_THREADS")},
+        "reference_threads": _reference_threads(),
         "profile": {"name": prof.name, "status": prof.status, "instruction": model.to_json()},
         "config": {"a_format": FMT, "b_format": FMT, "scales": "unit tensorwise (cpemu.cases scale='unit')",
                    "fast_accum": fast_accum, "out_dtype": out_dtype, "seed": seed,
