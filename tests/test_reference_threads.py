@@ -61,17 +61,13 @@ def test_thread_count_from_the_environment(monkeypatch):
     assert 1 <= ref.threads_default() <= 32
 
 
-def test_a_failing_block_raises():
+def test_a_failing_block_raises(monkeypatch):
     class Boom(Exception):
         pass
 
     def bad_accumulate(*args, **kwargs):
         raise Boom("block failed")
 
-    mp = pytest.MonkeyPatch()
-    mp.setattr(ref, "accumulate", bad_accumulate)
-    try:
-        with pytest.raises(Boom):
-            _run(CASES[0], "hopper-h200-torch", 4)
-    finally:
-        mp.undo()
+    monkeypatch.setattr(ref, "accumulate", bad_accumulate)
+    with pytest.raises(Boom):
+        _run(CASES[0], "hopper-h200-torch", 4)
