@@ -15,10 +15,12 @@ Needs torch (``pip install "cpemu[torch]"``); ``import cpemu`` alone never impor
 
 Tensors may live on the CPU or on a CUDA device. CPU operands reach :func:`cpemu.gemm`
 as numpy views, without copies (DLPack, or ``Tensor.numpy()``); the result comes back
-as a tensor sharing the numpy buffer. CUDA operands are, in this version, copied to the
-host, handed to :func:`cpemu.gemm` as numpy arrays (its ``backend`` decides where the
-product is computed), and the result is copied back to the operands' device; handing
-them to the CUDA backends through DLPack, without these copies, is the planned next step.
+as a tensor sharing the numpy buffer. CUDA operands stay on their device, on torch's
+current stream: where the backend ladder picks the tensor-core path (``cublaslt-tc``, a
+Hopper GPU), the call goes straight from the tensors' pointers to ``cublasLtMatmul``
+(:func:`_tensor_core_call`); otherwise the FP8 codes are shared with cupy without a copy
+and computed by :func:`cpemu.gemm`'s CUDA backends. CUDA tensors need cupy; without it
+they are copied to the host and computed by the numpy reference.
 
 What this does not cover: callers that hold their own reference to the original
 function (``from torch import _scaled_mm`` before the block, ``torch.ops.aten._scaled_mm``,
@@ -31,6 +33,7 @@ and for checking numerics).
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 
 import ml_dtypes
@@ -320,16 +323,18 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
                                   f"only tensorwise and rowwise scaling")
     if device.type == "meta":  # shape propagation only
         return torch.empty((M, N), dtype=out_dt, device=device)
+    if device.type == "cuda" and backend in ("auto", _TENSOR_CORE) and _cupy() is not None:
+        y = _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, backend,
+                              scaling[0] == "RowWise")
+        if y is not None:
+            return y
     if scaling[0] == "TensorWise" and scale_a.dtype == scale_b.dtype:  # both values in one transfer
         both = _host_numpy(torch.stack((scale_a.detach().reshape(()), scale_b.detach().reshape(()))))
         sa, sb = both[0:1], both[1:2]
     else:
         sa = _host_numpy(scale_a)
         sb = _host_numpy(scale_b)
-    if not (np.isfinite(sa).all() and np.isfinite(sb).all()):
-        raise ProfileFeatureError(
-            f"non-finite scale: torch accepts it, but profile {prof.name!r} does not record what the GPU "
-            f"computes with an infinite or NaN scale, so cpemu refuses it")
+    _refuse_non_finite(sa, sb, prof)
     if scaling[0] == "TensorWise":
         sa, sb = sa.reshape(()), sb.reshape(())
     np_bias = None
@@ -341,6 +346,13 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     y = gemm(_fp8_numpy(a), _fp8_numpy(b), profile=prof, scale_a=sa, scale_b=sb, bias=np_bias,
              out_dtype=_OUT[out_dt], fast_accum=use_fast_accum, backend=backend)
     return _to_torch(y, out_dt, device)
+
+
+def _refuse_non_finite(sa: np.ndarray, sb: np.ndarray, prof) -> None:
+    if not (np.isfinite(sa).all() and np.isfinite(sb).all()):
+        raise ProfileFeatureError(
+            f"non-finite scale: torch accepts it, but profile {prof.name!r} does not record what the GPU "
+            f"computes with an infinite or NaN scale, so cpemu refuses it")
 
 
 def _cupy():
@@ -363,6 +375,89 @@ def _cupy_stream(cupy, stream, device_index: int):
     with warnings.catch_warnings():  # older cupy: the only way; newer: deprecated in favour of the above
         warnings.simplefilter("ignore", DeprecationWarning)
         return cupy.cuda.ExternalStream(stream.cuda_stream, device_index)
+
+
+class _ScaleProbe(threading.local):
+    """Per thread and device: a pinned host buffer and an event, to read the scales in
+    stream order without waiting for the GPU before the GEMM is queued."""
+
+    def __init__(self):
+        self.by_device = {}
+
+    def get(self, cupy, device_index: int, n: int):
+        rt = cupy.cuda.runtime
+        probe = self.by_device.get(device_index)
+        if probe is None or probe[1].size < n:
+            if probe is not None:
+                rt.eventDestroy(probe[2])
+            mem = cupy.cuda.alloc_pinned_memory(4 * max(n, 2))
+            host = np.frombuffer(mem, np.float32, max(n, 2))
+            probe = self.by_device[device_index] = (mem, host, rt.eventCreateWithFlags(rt.eventDisableTiming))
+        return probe
+
+
+_probe = _ScaleProbe()
+_TENSOR_CORE = "cublaslt-tc"
+
+
+def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, backend, rowwise: bool):
+    """The drop-in's path to the device's tensor cores: pointers of the torch tensors go
+    straight to ``cublasLtMatmul`` (:func:`cpemu.cuda.tensorcore.launch`) on torch's
+    current stream, with the profile's plan, when the backend ladder picks ``cublaslt-tc``
+    for this profile on this device. None when it does not apply (another backend, the Ada
+    profile's padded operands, a call the path declines, unaligned operands): the general
+    path then computes the call.
+
+    Non-finite scales are refused as on the general path, but without waiting for the GPU
+    before the GEMM is queued: the scales are copied, in stream order, to pinned host memory
+    just before the GEMM, and the call waits only for that copy (the previous work on the
+    stream) before it checks them. A refused call raises; its output, never returned, is
+    dropped."""
+    from . import backends
+    from .cuda import tensorcore as tc
+
+    cupy = _cupy()
+    index = a.device.index
+    M, K = a.shape
+    N = b.shape[1]
+    fa, fb, out_name = _FP8[a.dtype][1], _FP8[b.dtype][1], _OUT[out_dt]
+    scaling = "rowwise" if rowwise else "tensorwise"
+    with cupy.cuda.Device(index):
+        if backends.select(backend, prof) != _TENSOR_CORE:
+            return None
+        prof.check_features(fa, fb, out_name, scaling,
+                            None if bias is None else ("bfloat16" if bias.dtype == torch.bfloat16 else "float16"))
+        plan = prof.plan(M, N, K, use_fast_accum, scaling, fa, fb, out_name)
+        try:
+            sig = tc.signature(index, M, N, K, fa, fb, plan, prof.instruction, prof.mode(scaling), scaling,
+                               bias is not None, out_name, use_fast_accum)
+        except tc.TensorCoreUnsupported:
+            return None
+        if sig.ada:
+            return None
+        if a.stride(1) != 1 or a.stride(0) != K:
+            a = a.contiguous()
+        if b.stride(0) != 1 or b.stride(1) != K:
+            b = b.t().contiguous().t()
+        a_ptr, bt_ptr = a.data_ptr(), b.data_ptr()
+        if a_ptr % 256 or bt_ptr % 256:  # the configured algorithms assume 256-byte aligned operands
+            return None
+        if bias is not None and bias.stride(0) != 1:
+            bias = bias.contiguous()
+        # tensorwise: one float32 each; rowwise: contiguous (M, 1) and (1, N) (torch's checks)
+        na, nb = (M, N) if rowwise else (1, 1)
+        out = torch.empty((M, N), dtype=out_dt, device=a.device)
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        mem, host, event = _probe.get(cupy, index, na + nb)
+        rt = cupy.cuda.runtime
+        rt.memcpyAsync(mem.ptr, scale_a.data_ptr(), 4 * na, rt.memcpyDeviceToHost, stream)
+        rt.memcpyAsync(mem.ptr + 4 * na, scale_b.data_ptr(), 4 * nb, rt.memcpyDeviceToHost, stream)
+        rt.eventRecord(event, stream)
+        tc.launch(sig, index, stream, a_ptr, bt_ptr, out.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(),
+                  None if bias is None else bias.data_ptr())
+        rt.eventSynchronize(event)
+        _refuse_non_finite(host[:na], host[na:na + nb], prof)
+    return out
 
 
 def _gemm_on_device(a, b, sa, sb, np_bias, prof, out_dt, use_fast_accum, backend):

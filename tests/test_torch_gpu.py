@@ -50,21 +50,42 @@ def test_argument_checks_and_results_match_torch_on_cuda():
     assert compared >= 20
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU visible to torch")
-@pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("side_stream", [False, True])
-def test_cuda_operands_stay_on_the_device(monkeypatch, out_dtype, side_stream):
-    """CUDA operands are handed to the CUDA backends in place (never copied to the host),
-    on torch's current stream, and give torch's bits (an Evo 2 1B projection, M = 64)."""
+def _needs_hopper():
     pytest.importorskip("cupy", reason="needs cupy")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU visible to torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("compares with the device's own torch._scaled_mm: needs a Hopper GPU (the default profile's)")
-    import cpemu.torch as ct
 
-    g = torch.Generator(device="cpu").manual_seed(5)
-    M, N, K = 64, 5760, 1920
+
+def _evo2_1b_operands(M: int, seed: int = 5):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    N, K = 5760, 1920
     a = (torch.randn(M, K, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn).cuda()
     w = (torch.randn(N, K, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn).cuda()
+    return a, w, g
+
+
+def _same_bits(got, want):
+    assert got.device == want.device and got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
+    ib = torch.int32 if want.dtype == torch.float32 else torch.int16
+    diff = int((got.view(ib) != want.view(ib)).sum())
+    assert diff == 0, f"{diff} of {want.numel()} outputs differ from torch._scaled_mm"
+
+
+@pytest.mark.parametrize("backend", ["auto", "cuda-tiled"])
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_cuda_operands_stay_on_the_device(monkeypatch, out_dtype, side_stream, backend):
+    """CUDA operands are handed to the CUDA backends in place (never copied to the host),
+    on torch's current stream, and give torch's bits (an Evo 2 1B projection, M = 64).
+    ``auto`` on a Hopper GPU must take the pointer path to the tensor cores, never the cupy
+    route; ``cuda-tiled`` takes the cupy route."""
+    _needs_hopper()
+    import cpemu.torch as ct
+
+    M, N = 64, 5760
+    a, w, g = _evo2_1b_operands(M)
     sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(0.25, device="cuda")
     bias = None if out_dtype == "float32" else (torch.randn(N, generator=g) * 100).to(getattr(torch, out_dtype)).cuda()
     odt = getattr(torch, out_dtype)
@@ -73,12 +94,72 @@ def test_cuda_operands_stay_on_the_device(monkeypatch, out_dtype, side_stream):
     def no_host_copy(t):
         raise AssertionError("an FP8 operand was copied to the host")
 
+    def not_this_route(*args, **kw):
+        raise AssertionError("backend 'auto' on a Hopper GPU left the pointer path to the tensor cores")
+
     monkeypatch.setattr(ct, "_fp8_numpy", no_host_copy)
+    if backend == "auto":
+        monkeypatch.setattr(ct, "_gemm_on_device", not_this_route)
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        got = ct.scaled_mm(a, w.t(), sa, sb, bias=bias, out_dtype=odt, use_fast_accum=True)
+        got = ct.scaled_mm(a, w.t(), sa, sb, bias=bias, out_dtype=odt, use_fast_accum=True, backend=backend)
     stream.synchronize()
-    assert got.device == a.device and got.dtype == odt and got.shape == (M, N) and got.is_contiguous()
-    ib = torch.int32 if odt == torch.float32 else torch.int16
-    assert torch.equal(got.view(ib), want.view(ib))
+    _same_bits(got, want)
+
+
+@pytest.mark.parametrize("fast_accum", [True, False])
+def test_tensor_core_pointer_path_rowwise_and_padded_operands(monkeypatch, fast_accum):
+    """The pointer path with rowwise scales, a padded leading dimension of ``a`` (made dense
+    first) and an operand at an offset that is not 256-byte aligned (declined: the cupy
+    route copies it): torch's bits in each case."""
+    _needs_hopper()
+    import cpemu.torch as ct
+
+    M, N = 48, 5760
+    a, w, g = _evo2_1b_operands(M, seed=6)
+    sa = (torch.rand(M, 1, generator=g) + 0.5).cuda()
+    sb = (torch.rand(1, N, generator=g) + 0.5).cuda()
+    want = torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+    _same_bits(ct.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum), want)
+
+    padded = torch.zeros(M, a.shape[1] + 64, dtype=torch.uint8, device="cuda")
+    padded[:, :a.shape[1]] = a.view(torch.uint8)
+    a_pad = padded.view(torch.float8_e4m3fn)[:, :a.shape[1]]
+    assert a_pad.stride(0) != a.shape[1]
+    _same_bits(ct.scaled_mm(a_pad, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum), want)
+
+    shifted = torch.empty(M * a.shape[1] + 16, dtype=torch.uint8, device="cuda")
+    a_off = shifted[16:].view(M, a.shape[1])
+    a_off.copy_(a.view(torch.uint8))
+    a_off = a_off.view(torch.float8_e4m3fn)
+    assert a_off.data_ptr() % 256
+    calls = []
+    original = ct._gemm_on_device
+    monkeypatch.setattr(ct, "_gemm_on_device", lambda *x, **k: calls.append(1) or original(*x, **k))
+    _same_bits(ct.scaled_mm(a_off, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum), want)
+    assert calls == [1], "an unaligned operand must leave the pointer path"
+
+
+@pytest.mark.parametrize("bad", ["inf_a", "nan_b", "ninf_a", "rowwise_nan"])
+def test_tensor_core_pointer_path_refuses_non_finite_scales(bad):
+    """A non-finite scale is refused on the pointer path too (it is checked after the GEMM is
+    queued, before the result would be returned), and the next call is unaffected."""
+    _needs_hopper()
+    import cpemu
+    import cpemu.torch as ct
+
+    M, N = 32, 5760
+    a, w, _ = _evo2_1b_operands(M, seed=7)
+    one = torch.ones((), device="cuda")
+    if bad == "rowwise_nan":
+        sa, sb = torch.ones(M, 1, device="cuda"), torch.ones(1, N, device="cuda")
+        sb[0, N - 1] = float("nan")
+    else:
+        value = {"inf_a": float("inf"), "nan_b": float("nan"), "ninf_a": float("-inf")}[bad]
+        sa = one * value if bad.endswith("_a") else one.clone()
+        sb = one * value if bad.endswith("_b") else one.clone()
+    with pytest.raises(cpemu.ProfileFeatureError, match="non-finite scale"):
+        ct.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+    want = torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
+    _same_bits(ct.scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True), want)

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..schedule import Plan, slices_for
 
-__all__ = ["TensorCoreUnsupported", "available", "supports", "gemm_tc", "describe"]
+__all__ = ["TensorCoreUnsupported", "available", "supports", "gemm_tc", "signature", "launch", "describe"]
 
 NAME = "cublaslt-tc"
 HOPPER_MODEL = "hopper-sm90a-wgmma-fp8"
@@ -323,7 +323,11 @@ class _Signature:
         self.prep, self.ada, self.last = prep, ada, None
 
 
-def _signature(device, M, N, K, a_format, b_format, plan, model, mode, scaling, has_bias, out_dtype, fast_accum):
+def signature(device: int, M: int, N: int, K: int, a_format: str, b_format: str, plan: Plan, model, mode: dict,
+              scaling: str, has_bias: bool, out_dtype: str, fast_accum: bool) -> _Signature:
+    """The prepared call signature (checks, descriptors, configured algorithm; cached per
+    signature), for :func:`launch`. Raises :class:`TensorCoreUnsupported` for calls this
+    path does not reproduce. ``.ada``: the operands must be zero-padded first (Ada profile)."""
     key = (device, M, N, K, a_format, b_format, plan, model.name, scaling, has_bias, out_dtype, bool(fast_accum),
            (mode.get("epilogue") or {}).get("order"), (mode.get("nan_bits") or {}).get(out_dtype))
     sigs = _state.setdefault("signatures", {})
@@ -370,9 +374,8 @@ def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, 
     M, K = a_codes.shape
     N = bt_codes.shape[0]
     scaling = "tensorwise" if (_size(scale_a) == 1 and _size(scale_b) == 1) else "rowwise"
-    sig = _signature(device, M, N, K, a_format, b_format, plan, model, mode, scaling, bias_f32 is not None,
-                     out_dtype, fast_accum)
-    prep, lt = sig.prep, sig.prep.lt
+    sig = signature(device, M, N, K, a_format, b_format, plan, model, mode, scaling, bias_f32 is not None,
+                    out_dtype, fast_accum)
     rowwise = scaling == "rowwise"
     with (contextlib.nullcontext() if cupy.cuda.runtime.getDevice() == device else cupy.cuda.Device(device)):
         sa = _scale(scale_a, "scale_a", cupy, device, M if rowwise else 1,
@@ -393,25 +396,41 @@ def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, 
             # the bias was widened exactly from bf16/fp16 (the output dtype): narrow it back
             bias = (b32.view(cupy.uint32) >> 16).astype(cupy.uint16) if out_dtype == "bfloat16" else \
                 b32.astype(cupy.float16)
-        stream = cupy.cuda.get_current_stream().ptr
-        h = lt.h
-        m = prep.made
         ptrs = (sa.data.ptr, sb.data.ptr, None if bias is None else bias.data.ptr)
-        with _lock:  # the descriptor's pointers are per call
-            ws = _workspace(cupy, device, stream, prep.workspace) if prep.workspace else None
-            if sig.last != ptrs:
-                # cuBLASLt A is torch's b: its scale is scale_b; B (torch's a) takes scale_a
-                lt.set_desc(m["desc"], h.DESC_A_SCALE_POINTER, ctypes.c_void_p(ptrs[1]), "set A_SCALE_POINTER")
-                lt.set_desc(m["desc"], h.DESC_B_SCALE_POINTER, ctypes.c_void_p(ptrs[0]), "set B_SCALE_POINTER")
-                if bias is not None:
-                    lt.set_desc(m["desc"], h.DESC_BIAS_POINTER, ctypes.c_void_p(ptrs[2]), "set BIAS_POINTER")
-                sig.last = ptrs
-            st = lt.matmul(_state["handles"][device], m["desc"], _ONE, bt_codes.data.ptr, m["A"], a_codes.data.ptr,
-                           m["B"], _ZERO, out.data.ptr, m["C"], out.data.ptr, m["D"], prep.algo_ref,
-                           0 if ws is None else ws.data.ptr, prep.workspace, stream)
-        if st != 0:
-            raise lt.h.LtError("cublasLtMatmul", st)
+        launch(sig, device, cupy.cuda.get_current_stream().ptr, a_codes.data.ptr, bt_codes.data.ptr, out.data.ptr,
+               *ptrs)
     return out
+
+
+def launch(sig, device: int, stream: int, a_ptr: int, bt_ptr: int, out_ptr: int, sa_ptr: int, sb_ptr: int,
+           bias_ptr: int | None) -> None:
+    """One ``cublasLtMatmul`` of a prepared signature on raw device pointers, on ``stream``.
+
+    The caller guarantees what :func:`gemm_tc` checks: ``a`` (M, K) and ``bt`` (N, K)
+    C-contiguous uint8 codes at 256-byte aligned addresses (padded already for an Ada
+    signature), ``out`` (M, N) C-contiguous of the signature's output dtype, float32 scales
+    of one element each (tensorwise) or M and N contiguous elements (rowwise), and a bias
+    of N contiguous elements of the output dtype (bf16/fp16) when the signature has one.
+    The call is asynchronous on ``stream``; it needs the device current (the workspace is
+    allocated there on first use)."""
+    prep = sig.prep
+    lt, m = prep.lt, prep.made
+    h = lt.h
+    ptrs = (sa_ptr, sb_ptr, bias_ptr)
+    with _lock:  # the descriptor's pointers are per call
+        ws = _workspace(_cupy(), device, stream, prep.workspace) if prep.workspace else None
+        if sig.last != ptrs:
+            # cuBLASLt A is torch's b: its scale is scale_b; B (torch's a) takes scale_a
+            lt.set_desc(m["desc"], h.DESC_A_SCALE_POINTER, ctypes.c_void_p(sb_ptr), "set A_SCALE_POINTER")
+            lt.set_desc(m["desc"], h.DESC_B_SCALE_POINTER, ctypes.c_void_p(sa_ptr), "set B_SCALE_POINTER")
+            if bias_ptr is not None:
+                lt.set_desc(m["desc"], h.DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr), "set BIAS_POINTER")
+            sig.last = ptrs
+        st = lt.matmul(_state["handles"][device], m["desc"], _ONE, bt_ptr, m["A"], a_ptr, m["B"], _ZERO, out_ptr,
+                       m["C"], out_ptr, m["D"], prep.algo_ref, 0 if ws is None else ws.data.ptr, prep.workspace,
+                       stream)
+    if st != 0:
+        raise h.LtError("cublasLtMatmul", st)
 
 
 _ONE_F, _ZERO_F = ctypes.c_float(1.0), ctypes.c_float(0.0)
