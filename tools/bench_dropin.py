@@ -5,8 +5,10 @@ as torch's, the profile's plan, the backend ``--backend`` picks, the result as a
 against the native call on the same operands, in one run. Per (shape, M): both calls warm up,
 then ``--windows`` windows of back-to-back calls, each at least ``--window-s`` long, are timed
 with CUDA events on torch's current stream; the median window gives ms per call, TMAC/s and the
-ratio emulated / native. The host time per call is measured on a batch of at most 64 calls
-after the warm-up (too few to fill the driver's queue).
+ratio emulated / native. The method is ``bench_kernels``' (:func:`bench_kernels.time_device`):
+warm-up batches, windows shorter than ``--window-s`` discarded, the host time per call from a
+warm-up batch too short to fill the driver's queue. Both calls run on one non-blocking cupy
+stream that is torch's current stream for the run (the drop-in takes torch's current stream).
 
 Bits: where the profile is the GPU's own (``--must-match``, e.g. ``hopper-h200-torch`` on an
 H200 with the recorded torch/cuBLASLt), every output must equal the native one (full output,
@@ -26,55 +28,65 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import sys
-import time
 
 import click
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_kernels import (code_fingerprint, git_state, package_versions, parse_data, parse_int_list,  # noqa: E402
-                           parse_shape)
-
-#: Host time per call is taken from a batch of at most this many calls.
-HOST_BATCH = 64
+                           parse_shape, time_device)
 
 
-def _time(torch, fn, window_s: float, windows: int) -> dict:
-    """Event-timed windows of back-to-back ``fn()`` calls (see the module docstring)."""
-    fn()
+def _time(cp, stream, fn, window_s: float, windows: int) -> dict:
+    """bench_kernels' event-timed windows (:func:`bench_kernels.time_device`) of ``fn()`` on
+    ``stream``, which is torch's current stream during the run."""
+    _, rec = time_device(cp, stream, fn, window_s=window_s, windows=windows, max_call_s=float("inf"),
+                         warmup_s=min(1.0, window_s))
+    rec.pop("span", None)
+    return rec
+
+
+def _point(rec, cp, stream, one, label, N, K, dlabel, kind, M, o):
+    """One (shape, data, M): bits against native, then both timed; appended to ``rec``.
+    ``o``: the command's options (seed, profile, backend, must_match, window_s, windows)."""
+    import torch
+
+    import cpemu.torch as ct
+    from cpemu.cases import Case, operands
+
+    seed, profile, backend, must_match, window_s, windows = (o[k] for k in ("seed", "profile", "backend",
+                                                                              "must_match", "window_s", "windows"))
+    a_np, bt_np, *_ = operands(Case(M, N, K, data=kind, seed=seed))
+    a = torch.from_numpy(a_np).cuda().view(torch.float8_e4m3fn)
+    w = torch.from_numpy(bt_np).cuda().view(torch.float8_e4m3fn)
+
+    def native():
+        return torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                use_fast_accum=True)
+
+    def emulated():
+        return ct.scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True,
+                            profile=profile, backend=backend)
+
+    y_nat, y_emu = native(), emulated()
     torch.cuda.synchronize()
-    n, per = 1, None
-    t_end = time.perf_counter() + min(1.0, window_s)
-    while time.perf_counter() < t_end or per is None:  # warm-up in growing batches; calibrates n
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        per = (time.perf_counter() - t0) / n
-        n = min(n * 4, 100000)
-    host_n = min(HOST_BATCH, max(1, int(window_s / max(per, 1e-7))))
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(host_n):
-        fn()
-    host = (time.perf_counter() - t0) / host_n
-    torch.cuda.synchronize()
-    launches = max(1, int(window_s / max(per, 1e-7)))
-    ms = []
-    for _ in range(windows):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(launches):
-            fn()
-        stop.record()
-        stop.synchronize()
-        ms.append(start.elapsed_time(stop) / launches)
-    return {"ms": statistics.median(ms), "windows_ms_per_call": ms, "launches_per_window": launches,
-            "host_ms_per_call": host * 1e3}
+    diff = int((y_nat.view(torch.int16) != y_emu.view(torch.int16)).sum())
+    r = {"shape": label, "N": N, "K": K, "M": M, "data": dlabel, "macs": M * N * K,
+         "outputs_differing_from_native": diff}
+    r["native"] = _time(cp, stream, native, window_s, windows)
+    r["emulated"] = _time(cp, stream, emulated, window_s, windows)
+    for k in ("native", "emulated"):
+        r[k]["tmac_s"] = M * N * K / (r[k]["ms"] / 1e3) / 1e12
+    r["emulated_over_native"] = r["native"]["ms"] / r["emulated"]["ms"]
+    rec["results"].append(r)
+    if must_match and diff:
+        rec["failures"].append(f"{label} {dlabel} M={M}: {diff} outputs differ from native")
+    click.echo(f"{label:9s} {dlabel:11s} M={M:<5d} native {r['native']['ms'] * 1e3:9.1f} us "
+               f"(host {r['native']['host_ms_per_call'] * 1e3:6.1f})  cpemu.torch "
+               f"{r['emulated']['ms'] * 1e3:9.1f} us (host {r['emulated']['host_ms_per_call'] * 1e3:6.1f})"
+               f"  ratio {r['emulated_over_native']:.3f}  differing outputs {diff}")
 
 
 @click.command()
@@ -102,8 +114,10 @@ def main(shapes, m_list, data, profile, backend, must_match, window_s, windows, 
 
     if not torch.cuda.is_available():
         raise click.ClickException("needs torch with a CUDA GPU")
-    import cpemu.torch as ct
-    from cpemu.cases import Case, operands
+    try:
+        import cupy as cp
+    except ImportError as e:
+        raise click.ClickException(f"needs cupy for the stream and events ({e})") from None
 
     cc = torch.cuda.get_device_capability()
     if must_match is None:
@@ -119,43 +133,20 @@ def main(shapes, m_list, data, profile, backend, must_match, window_s, windows, 
            "call": "cpemu.torch.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True, "
                    "profile=..., backend=...) vs torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, "
                    "use_fast_accum=True); a (M, K), w (N, K) float8_e4m3fn CUDA tensors, unit float32 scales",
-           "timing": f"median of {windows} CUDA-event windows of >= {window_s} s of back-to-back calls",
+           "timing": f"median of {windows} CUDA-event windows of >= {window_s} s of back-to-back calls "
+                     f"(bench_kernels.time_device), on one stream",
            "results": [], "failures": []}
-    one = torch.ones((), dtype=torch.float32, device="cuda")
-    for label, N, K in shape_list:
-        for dlabel, kind in data_list:
-            for M in ms_:
-                a_np, bt_np, *_ = operands(Case(M, N, K, data=kind, seed=seed))
-                a = torch.from_numpy(a_np).cuda().view(torch.float8_e4m3fn)
-                w = torch.from_numpy(bt_np).cuda().view(torch.float8_e4m3fn)
-
-                def native():
-                    return torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
-                                            use_fast_accum=True)
-
-                def emulated():
-                    return ct.scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True,
-                                        profile=profile, backend=backend)
-
-                y_nat, y_emu = native(), emulated()
-                torch.cuda.synchronize()
-                diff = int((y_nat.view(torch.int16) != y_emu.view(torch.int16)).sum())
-                r = {"shape": label, "N": N, "K": K, "M": M, "data": dlabel, "macs": M * N * K,
-                     "outputs_differing_from_native": diff}
-                r["native"] = _time(torch, native, window_s, windows)
-                r["emulated"] = _time(torch, emulated, window_s, windows)
-                for k in ("native", "emulated"):
-                    r[k]["tmac_s"] = M * N * K / (r[k]["ms"] / 1e3) / 1e12
-                r["emulated_over_native"] = r["native"]["ms"] / r["emulated"]["ms"]
-                rec["results"].append(r)
-                if must_match and diff:
-                    rec["failures"].append(f"{label} {dlabel} M={M}: {diff} outputs differ from native")
-                click.echo(f"{label:9s} {dlabel:11s} M={M:<5d} native {r['native']['ms'] * 1e3:9.1f} us "
-                           f"(host {r['native']['host_ms_per_call'] * 1e3:6.1f})  cpemu.torch "
-                           f"{r['emulated']['ms'] * 1e3:9.1f} us (host {r['emulated']['host_ms_per_call'] * 1e3:6.1f})"
-                           f"  ratio {r['emulated_over_native']:.3f}  differing outputs {diff}")
-                with open(out_path, "w") as f:
-                    json.dump(rec, f, indent=1)
+    opts = {"seed": seed, "profile": profile, "backend": backend, "must_match": must_match, "window_s": window_s,
+            "windows": windows}
+    stream = cp.cuda.Stream(non_blocking=True)
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr)):
+        one = torch.ones((), dtype=torch.float32, device="cuda")
+        for label, N, K in shape_list:
+            for dlabel, kind in data_list:
+                for M in ms_:
+                    _point(rec, cp, stream, one, label, N, K, dlabel, kind, M, opts)
+                    with open(out_path, "w") as f:
+                        json.dump(rec, f, indent=1)
     with open(out_path, "w") as f:
         json.dump(rec, f, indent=1)
     click.echo(f"wrote {out_path}")
