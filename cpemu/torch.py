@@ -404,9 +404,9 @@ def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum
     """The drop-in's path to the device's tensor cores: pointers of the torch tensors go
     straight to ``cublasLtMatmul`` (:func:`cpemu.cuda.tensorcore.launch`) on torch's
     current stream, with the profile's plan, when the backend ladder picks ``cublaslt-tc``
-    for this profile on this device. None when it does not apply (another backend, the Ada
-    profile's padded operands, a call the path declines, unaligned operands): the general
-    path then computes the call.
+    for this profile on this device (for the Ada profile after the zero-padding kernel). None
+    when it does not apply (another backend, a call the path declines, operands not 256-byte
+    aligned): the general path then computes the call.
 
     Non-finite scales are refused as on the general path, but without waiting for the GPU
     before the GEMM is queued: the scales are copied, in stream order, to pinned host memory
@@ -433,8 +433,6 @@ def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum
                                bias is not None, out_name, use_fast_accum)
         except tc.TensorCoreUnsupported:
             return None
-        if sig.ada:
-            return None
         if a.stride(1) != 1 or a.stride(0) != K:
             a = a.contiguous()
         if b.stride(0) != 1 or b.stride(1) != K:
@@ -446,8 +444,16 @@ def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum
             bias = bias.contiguous()
         # tensorwise: one float32 each; rowwise: contiguous (M, 1) and (1, N) (torch's checks)
         na, nb = (M, N) if rowwise else (1, 1)
+        torch_stream = torch.cuda.current_stream(a.device)
+        stream = torch_stream.cuda_stream
+        if sig.ada:  # 16 real and 16 zero products per Hopper step (tensorcore module docstring)
+            a_pad = torch.empty((M, 2 * K), dtype=torch.uint8, device=a.device)
+            b_pad = torch.empty((N, 2 * K), dtype=torch.uint8, device=a.device)
+            with _cupy_stream(cupy, torch_stream, index):
+                tc.pad_k16_pointers(index, a_ptr, a_pad.data_ptr(), M, K)
+                tc.pad_k16_pointers(index, bt_ptr, b_pad.data_ptr(), N, K)
+            a_ptr, bt_ptr = a_pad.data_ptr(), b_pad.data_ptr()
         out = torch.empty((M, N), dtype=out_dt, device=a.device)
-        stream = torch.cuda.current_stream(a.device).cuda_stream
         mem, host, event = _probe.get(cupy, index, na + nb)
         rt = cupy.cuda.runtime
         rt.memcpyAsync(mem.ptr, scale_a.data_ptr(), 4 * na, rt.memcpyDeviceToHost, stream)

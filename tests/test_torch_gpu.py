@@ -70,7 +70,7 @@ def _same_bits(got, want):
     assert got.device == want.device and got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
     ib = torch.int32 if want.dtype == torch.float32 else torch.int16
     diff = int((got.view(ib) != want.view(ib)).sum())
-    assert diff == 0, f"{diff} of {want.numel()} outputs differ from torch._scaled_mm"
+    assert diff == 0, f"{diff} of {want.numel()} outputs differ"
 
 
 @pytest.mark.parametrize("backend", ["auto", "cuda-tiled"])
@@ -163,3 +163,28 @@ def test_tensor_core_pointer_path_refuses_non_finite_scales(bad):
         ct.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
     want = torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
     _same_bits(ct.scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True), want)
+
+
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+def test_ada_profile_pointer_path_equals_the_exact_kernel(monkeypatch, out_dtype):
+    """The Ada profile on a Hopper GPU through the pointer path (operands zero-padded on the
+    device, then the tensor cores) gives the bits of the exact CUDA-core kernel (cupy route),
+    which does not use tensor cores; an Evo 2 1B projection, M = 40, unit and non-unit scales."""
+    _needs_hopper()
+    import cpemu.torch as ct
+
+    M, N = 40, 5760
+    a, w, g = _evo2_1b_operands(M, seed=8)
+    odt = getattr(torch, out_dtype)
+    bias = None if out_dtype == "float32" else (torch.randn(N, generator=g) * 100).to(odt).cuda()
+    for sa, sb in ((1.0, 1.0), (0.375, 3.0)):
+        sa, sb = torch.tensor(sa, device="cuda"), torch.tensor(sb, device="cuda")
+        want = ct.scaled_mm(a, w.t(), sa, sb, bias=bias, out_dtype=odt, use_fast_accum=True,
+                            profile="ada-rtx4060-torch", backend="cuda-tiled")
+        with monkeypatch.context() as mp:
+            mp.setattr(ct, "_gemm_on_device", lambda *x, **k: (_ for _ in ()).throw(
+                AssertionError("the Ada profile on a Hopper GPU left the pointer path")))
+            got = ct.scaled_mm(a, w.t(), sa, sb, bias=bias, out_dtype=odt, use_fast_accum=True,
+                               profile="ada-rtx4060-torch")
+        torch.cuda.synchronize()
+        _same_bits(got, want)

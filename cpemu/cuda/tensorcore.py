@@ -256,18 +256,25 @@ def _pad_k16(x):
     cupy = _cupy()
     rows, K = x.shape
     out = cupy.empty((rows, 2 * K), dtype=cupy.uint8)
-    chunks = rows * K // 16
-    if not chunks:
-        return out
     if x.flags.c_contiguous and x.data.ptr % 16 == 0:
-        threads = 256
-        blocks = min((chunks + threads - 1) // threads, 65535 * 8)
-        _pad_function(x.device.id)((blocks, 1, 1), (threads, 1, 1), (x, out, np.int64(chunks)))
-    else:
+        pad_k16_pointers(x.device.id, x.data.ptr, out.data.ptr, rows, K)
+    elif x.size:
         v = out.reshape(rows, K // 16, 32)
         v[:, :, 16:] = 0
         v[:, :, :16] = x.reshape(rows, K // 16, 16)
     return out
+
+
+def pad_k16_pointers(device: int, src_ptr: int, dst_ptr: int, rows: int, K: int) -> None:
+    """The Ada layout (``cuda_src/pad_k16.cu``) on raw pointers, on cupy's current stream:
+    ``src`` (rows, K) C-contiguous codes at a 16-byte aligned address (K a multiple of 16)
+    into ``dst`` (rows, 2K)."""
+    chunks = rows * K // 16
+    if chunks:
+        threads = 256
+        blocks = min((chunks + threads - 1) // threads, 65535 * 8)
+        _pad_function(device)((blocks, 1, 1), (threads, 1, 1), (np.uint64(src_ptr), np.uint64(dst_ptr),
+                                                                np.int64(chunks)))
 
 
 def _scale(x, name: str, cupy, device: int, size: int, what: str):
