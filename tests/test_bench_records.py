@@ -79,3 +79,21 @@ def test_hopper_points_compared_in_full():
                 assert full["ok"] is True and full["compared"] == e["M"] * e["N"], e
                 seen.add((e["shape"], e["data"], e["M"], e["kernel"]))
     assert len(seen) == len(SHAPES) * len(DATA) * len(MS) * 2
+
+
+DROPIN = os.path.join(HERE, "..", "benchmarks", "h200-host-paths", "h200_dropin_hopper-h200-torch_gauss40.json")
+
+
+def test_dropin_record_matches_native_everywhere():
+    """The drop-in record: the whole Evo 2 grid on gauss40, every output equal to native's
+    (the hopper profile on an H200 must reproduce it), ratios from the recorded medians."""
+    with open(DROPIN) as f:
+        rec = json.load(f)
+    assert rec["must_match"] is True and not rec["failures"]
+    got = {(r["shape"], r["M"]): r for r in rec["results"]}
+    assert set(got) == {(s, M) for s in SHAPES for M in MS}
+    for key, r in got.items():
+        assert r["outputs_differing_from_native"] == 0, key
+        assert abs(r["emulated_over_native"] - r["native"]["ms"] / r["emulated"]["ms"]) < 1e-12, key
+        for side in ("native", "emulated"):
+            assert len(r[side]["windows_ms_per_call"]) >= 5 and r[side]["timing"] == "windows", (key, side)
