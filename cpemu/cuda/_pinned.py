@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "7c812ecb38a8565a724e91e046b8f5fbe7feac38c3c88691f652a5784538ff8e"
+MANIFEST_SHA256 = "d89770ca28c7c1e7d85d305b88add8a4060455511065d02cff90fe4a5fd6093b"

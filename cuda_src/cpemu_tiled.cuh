@@ -1,0 +1,769 @@
+// cpemu: the body of the tiled exact FP8 GEMM kernels (gemm_tiled.cu, gemm_tiled_small_m.cu).
+//
+// Same numbers as cuda_src/gemm_simple.cu and cpemu/reference.py (tfdpa, chain, accumulate,
+// epilogue), computed faster: a block owns a CPT_BM x CPT_BN tile of outputs, each thread
+// CPT_TM x CPT_TN of them; for every T-FDPA step (L products along K) the block decodes the
+// step's FP8 codes of A and B once into shared memory (magnitude, sign mask, pass 1's operand,
+// per-row sign bits and NaN/Inf flags), and each thread runs the step for its outputs from
+// there, while the next step's codes load.
+//
+// One step for one output (reference.tfdpa), in two passes over the L products:
+//
+// 1. e_max = max(e_a + e_b over the nonzero products, exponent of c). e4m3 x e4m3 on the
+//    fast path: from a bf16 sum of powers of two, two products per fma.rn.bf16x2 on the FP
+//    pipe (cpt_emax_bf16). Otherwise from the exponents, where zero, NaN and Inf codes carry
+//    CPT_SENT, far below anything that can decide e_max (the same trick as
+//    reference.ZERO_EXP); on sm_90 they are packed two per 32-bit word and one DPX
+//    instruction (__viaddmax_s16x2: max(a + b, c) per 16-bit lane) updates two outputs.
+//
+// 2. The truncated sum. Fast path (F <= 16, i.e. Ada and Hopper: F = 13): each product's
+//    magnitude is truncated toward zero to the grid 2**g, g = e_max - F, by one IEEE
+//    round-toward-zero fused multiply-add against the constant C = 2**(g + 23):
+//        T = RZ(|a| * |b| + C) = C + t * 2**g,   t = floor(|a*b| / 2**g)
+//    exact because |a*b| has at most 8 significant bits and |a*b| < 2**(e_max + 2) <=
+//    2**(g + 23), so |a*b| + C lies in [2**(g+23), 2**(g+24)), whose ulp is 2**g. The FP32
+//    encoding of T is then the integer bits(C) + t, and the product's sign m (0 or all ones,
+//    the XOR of the operands' sign masks) is applied in two's complement: y = bits(T) ^ m is
+//    bits(C) + t when m = 0 and -(bits(C) + t) - 1 when m = -1. Summed in wrapping 32-bit
+//    integer arithmetic over the step's n products, n_neg of them negative (a popcount of
+//    the XOR of the two operands' per-step sign bit masks):
+//        sum(sign * t) = sum(y) - bits(C) * (n - 2 * n_neg) + n_neg
+//    c is truncated likewise, in FP32: RZ(c + Cs) - Cs with Cs = +-C of c's sign (exact,
+//    |c| < 2**(e_max + 1)). The products' sum (|sum| < 2**21 units of 2**g) converts exactly
+//    to FP32, and sum * 2**g + trunc(c) is one exact RN fused multiply-add; rounding the
+//    result toward zero to R fraction bits with the floor at 2**-126 is then clearing the
+//    low 23 - R bits of its encoding (which also handles subnormals exactly). This is the
+//    same integer `(P << S0) >> (e_max - E)` of the reference: one FFMA, one LOP3 and half
+//    an IADD3 per product; only IEEE-defined operations with explicit rounding modes (PTX
+//    fma.rz, add.rz, fma.rn without .ftz) and integer operations are used, so the bits do
+//    not depend on the GPU or on compiler flags.
+//    Integer path (F > 16, Blackwell's F = 25): the reference's int64 arithmetic verbatim.
+//
+// NaN/Inf: each step records per row of A and per column of B whether its L codes hold a
+// NaN or an Inf; outputs touched by one (or whose accumulator is not finite) are
+// finished by cpt_specials (reference._specials), which rereads the codes.
+//
+// The schedule (slices, promotion chains, FP32 RN folds) and the epilogue are those of
+// gemm_simple.cu, per output, in the same order. Split-K slices run inside each thread in
+// slice order.
+//
+// Build: NVRTC, no system header (cpemu_fp32.cuh only); the bits do not depend on -ftz or
+// --fmad (see cpemu_fp32.cuh).
+// Launch: grid (ceil(N / CPT_BN), ceil(M / CPT_BM)), CPT_THREADS threads, CPT_SMEM_BYTES of
+// dynamic shared memory; requires K, the slice bounds and L to be multiples of 8
+// (kernels.py checks).
+//
+// The including .cu file sets the geometry -- CPT_BM x CPT_BN outputs per block, CPT_TM x
+// CPT_TN per thread, CPT_MINBLOCKS, CPT_SMEM_BYTES -- and defines the extern "C" kernel,
+// which calls cpt_gemm_tiled_body. The bits do not depend on the geometry: every output
+// runs the same steps in the same order whichever thread owns it.
+
+#include "cpemu_fp32.cuh"
+#include "cpemu_fp8.cuh"
+
+typedef unsigned char cpt_u8;
+typedef unsigned short cpt_u16;
+typedef unsigned int cpt_u32;
+typedef long long cpt_i64;
+typedef unsigned long long cpt_u64;
+
+#if !defined(CPT_BM) || !defined(CPT_BN) || !defined(CPT_TM) || !defined(CPT_TN) || !defined(CPT_MINBLOCKS) || \
+    !defined(CPT_SMEM_BYTES)
+#error "the including file sets CPT_BM, CPT_BN, CPT_TM, CPT_TN, CPT_MINBLOCKS and CPT_SMEM_BYTES"
+#endif
+#ifndef CPT_SUM_UNROLL
+#define CPT_SUM_UNROLL 1  // unrolling of pass 2's loop (fast path), in pairs of K elements
+#endif
+#ifndef CPT_EMAX_UNROLL
+#define CPT_EMAX_UNROLL 2  // unrolling of pass 1's bf16 loop, in pairs of K elements
+#endif
+#define CPT_PRAGMA_(x) _Pragma(#x)
+#define CPT_UNROLL(n) CPT_PRAGMA_(unroll n)
+#define CPT_KT 32  // K elements per shared-memory stage: the largest L
+#define CPT_THREADS ((CPT_BM / CPT_TM) * (CPT_BN / CPT_TN))
+#define CPT_CHUNKS(rows) ((rows) * CPT_KT / 8)  // 8-byte chunks of codes per operand stage
+#define CPT_SENT (-256)                          // exponent of zero / NaN / Inf codes
+
+static_assert(CPT_TM % 2 == 0 && CPT_TN % 2 == 0, "outputs per thread: even (vector loads, DPX pairs)");
+static_assert(CPT_TM * CPT_TN <= 32, "the NaN/Inf classes of a thread's outputs fit 64 bits");
+static_assert(CPT_CHUNKS(CPT_BM) % CPT_THREADS == 0 && CPT_CHUNKS(CPT_BN) % CPT_THREADS == 0,
+              "every thread loads whole 8-byte chunks of both operands");
+
+
+// One K stage of one operand (R rows: CPT_BM of A, CPT_BN of B), transposed ([k][row]) so
+// that a thread's rows are contiguous.
+template <int R>
+struct CptTile {
+    float v[CPT_KT][R];    // fast path: the magnitude |value|; integer path: the significand bits
+    cpt_u32 s[CPT_KT][R];  // sign mask: 0, or 0xFFFFFFFF for a code with the sign bit set
+    union {                         // pass 1's operand, by the kernel's `bf_emax`:
+        short e[CPT_KT][R];         // exponent, CPT_SENT for m == 0 (cpt_emax, cpt_sum_int)
+        cpt_u32 x2[CPT_KT / 2][R];  // bf16 pairs (codes 2q, 2q + 1) of 2**(6 e), 0 for m == 0
+    };                              // (cpt_emax_bf16)
+    cpt_u32 flag[R];  // byte q: a NaN or Inf among the codes of chunk q of the row
+    cpt_u32 neg[R];   // bit k: code k of the step has the sign bit set
+};
+
+// One stage: the decoded codes of one step of both operands.
+struct CptStage {
+    CptTile<CPT_BM> a;
+    CptTile<CPT_BN> b;
+};
+
+// The block's shared memory (dynamic: CPT_SMEM_BYTES): the stage and the decode tables.
+struct CptShared {
+    CptStage st;
+    // per operand (0: A, 1: B) and code: .x the value / significand bits; .y the bf16 bits of
+    // 2**(8 (e - 1)) (e4m3, for cpt_emax_bf16; 0 when m == 0) | the exponent (CPT_SENT when
+    // m == 0) << 16
+    uint2 lut[2][256];
+};
+
+// kernels.py launches with CPT_SMEM_BYTES of dynamic shared memory (TILED_VARIANTS)
+static_assert(sizeof(CptShared) == CPT_SMEM_BYTES, "shared memory layout: update CPT_SMEM_BYTES and kernels.py");
+
+// ------------------------------------------------------------------------ IEEE FP32
+// Every FP32 operation of this file is one of cpemu_fp32.cuh's PTX instructions without
+// .ftz. __int2float_rn only converts integers below 2**24 (exact).
+// ------------------------------------------------------------------------ formats
+
+
+// Decode tables of both operands into shared memory. Fast path: the exact FP32 magnitude
+// m * 2**(e - fb) (the sign travels as a mask); integer path: m << S0 for A, m for B
+// (P = (m_a << S0) * m_b).
+__device__ __forceinline__ void cpt_build_luts(CptShared& sh, int a_fmt, int b_fmt, int fast, int S0) {
+    for (int i = threadIdx.x; i < 512; i += CPT_THREADS) {
+        const int op = i >> 8, code = i & 255;
+        const int fmt = op ? b_fmt : a_fmt;
+        int sign, m, e, nan, inf;
+        cpemu_fp8_decode((cpt_u32)code, fmt, &sign, &m, &e, &nan, &inf);
+        cpt_u32 v;
+        if (fast) {
+            // m * 2**(e - fb): m < 16 converts exactly, the power of two (>= 2**-16) is normal
+            const float p2 = __uint_as_float((cpt_u32)(127 + e - cpemu_fp8_frac_bits(fmt)) << 23);
+            v = __float_as_uint(cpemu_fmul_rn(__int2float_rn(m), p2));
+        } else {
+            v = op ? (cpt_u32)m : ((cpt_u32)m << S0);
+        }
+        const cpt_u32 x = m == 0 || fmt ? 0u : (cpt_u32)(8 * (e - 1) + 127) << 7;  // e in [-6, 8]
+        sh.lut[op][code] = make_uint2(v, x | ((cpt_u32)(m == 0 ? CPT_SENT : e) << 16));
+    }
+}
+
+// ------------------------------------------------------------------------ tiles
+
+// Codes of rows [r0, r0 + R) and K elements [k, ke) of X (rows x K, row-major) into
+// registers, 8-byte chunks; zeros outside (zero codes: zero products change nothing).
+template <int R>
+__device__ __forceinline__ void cpt_fetch(const cpt_u8* __restrict__ X, int rows, int K, int r0, int k, int ke,
+                                          uint2 (&raw)[CPT_CHUNKS(R) / CPT_THREADS]) {
+#pragma unroll
+    for (int q = 0; q < CPT_CHUNKS(R) / CPT_THREADS; ++q) {
+        const int c = (int)threadIdx.x + q * CPT_THREADS;
+        const int row = c % R, kc = c / R;
+        const int kk = k + kc * 8, gr = r0 + row;
+        uint2 v = make_uint2(0u, 0u);
+        if (gr < rows && kk < ke) v = __ldg((const uint2*)(X + (cpt_i64)gr * K + kk));
+        raw[q] = v;
+    }
+}
+
+// 0xFFFFFFFF if byte b of w has its sign bit set, else 0 (PTX prmt with the sign-replicate
+// selector bit).
+__device__ __forceinline__ cpt_u32 cpt_sign_bytes(cpt_u32 w, int b) {
+    cpt_u32 r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(0x8888u + 0x1111u * (cpt_u32)b));
+    return r;
+}
+
+// Nonzero if some byte of w is a NaN or Inf code: e4m3 (fn) S.1111.111, e5m2 S.11111.xx.
+__device__ __forceinline__ cpt_u32 cpt_special_bytes(cpt_u32 w, int is_e5m2) {
+    return is_e5m2 ? ((w & 0x7C7C7C7Cu) + 0x04040404u) & 0x80808080u
+                   : ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+}
+
+// The sign bits of the 4 codes of w (bits 7, 15, 23, 31) as a 4-bit number, by one multiply
+// that moves them to bits 21..24 without collisions.
+__device__ __forceinline__ cpt_u32 cpt_sign_nibble(cpt_u32 w) {
+    return ((((w & 0x80808080u) >> 7) * 0x204081u) >> 21) & 0xFu;
+}
+
+// Decode this thread's chunks (cpt_fetch) into the stage tile t: magnitudes and sign masks
+// for pass 2, pass 1's operand (bf16 pairs when bf_emax, else exponents), and per row and
+// chunk the sign bits and a NaN/Inf flag (bytes of t.neg and t.flag).
+template <int R>
+__device__ __forceinline__ void cpt_store(CptTile<R>& t, const uint2 (&raw)[CPT_CHUNKS(R) / CPT_THREADS],
+                                          const uint2* lut, int is_e5m2, int bf_emax) {
+#pragma unroll
+    for (int q = 0; q < CPT_CHUNKS(R) / CPT_THREADS; ++q) {
+        const int c = (int)threadIdx.x + q * CPT_THREADS;
+        const int row = c % R, kc = c / R;
+        cpt_u32 xe[8];
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+            const cpt_u32 w = b < 4 ? raw[q].x : raw[q].y;
+            const uint2 d = lut[__byte_perm(w, 0u, 0x4440u + (b & 3))];
+            const int kk = kc * 8 + b;
+            t.v[kk][row] = __uint_as_float(d.x);
+            t.s[kk][row] = cpt_sign_bytes(w, b & 3);
+            xe[b] = d.y;
+        }
+        if (bf_emax) {
+#pragma unroll
+            for (int h = 0; h < 4; ++h) t.x2[kc * 4 + h][row] = __byte_perm(xe[2 * h], xe[2 * h + 1], 0x5410u);
+        } else {
+#pragma unroll
+            for (int b = 0; b < 8; ++b) t.e[kc * 8 + b][row] = (short)(xe[b] >> 16);
+        }
+        ((cpt_u8*)t.neg)[row * 4 + kc] = (cpt_u8)(cpt_sign_nibble(raw[q].x) | (cpt_sign_nibble(raw[q].y) << 4));
+        ((cpt_u8*)t.flag)[row * 4 + kc] =
+            (cpt_u8)((cpt_special_bytes(raw[q].x, is_e5m2) | cpt_special_bytes(raw[q].y, is_e5m2)) != 0);
+    }
+}
+
+// ------------------------------------------------------------------------ one step
+
+// Exponent of the accumulator c for e_max: reference._split_fp32's for normal and subnormal
+// (-126) c. Zero c gets -126 instead of e_zero: this changes e_max only when every product
+// is zero too, and then the step's result is +0 either way. A non-finite c (its output is
+// decided by cpt_specials) gets 128.
+__device__ __forceinline__ int cpt_c_exp(float c) {
+    return (int)max((__float_as_uint(c) >> 23) & 0xFFu, 1u) - 127;
+}
+
+// reference._split_fp32 (integer path).
+__device__ __forceinline__ void cpt_split_fp32(float c, int e_zero, int* sign, cpt_i64* m, int* e) {
+    const cpt_u32 bits = __float_as_uint(c);
+    const cpt_u32 efield = (bits >> 23) & 0xFFu;
+    cpt_u32 frac = bits & 0x7FFFFFu;
+    int ex;
+    if (efield == 0xFFu) {
+        frac = 0;
+        ex = -126;
+    } else if (efield == 0) {
+        ex = -126;
+    } else {
+        frac |= 0x800000u;
+        ex = (int)efield - 127;
+    }
+    *m = (cpt_i64)frac;
+    *e = frac == 0 ? e_zero : ex;
+    *sign = (frac != 0 && (bits >> 31)) ? -1 : 1;
+}
+
+// reference._round_sum (integer path): S * 2**scale_exp toward zero to frac_bits fraction
+// bits, exponent floor -126, -0 -> +0, built exactly as an FP32 value.
+__device__ __forceinline__ float cpt_round_sum(cpt_i64 S, int scale_exp, int frac_bits) {
+    if (S == 0) return 0.0f;
+    cpt_u64 mag = (cpt_u64)(S < 0 ? -S : S);
+    const int bl = 64 - __clzll((long long)mag);
+    const int e_res = max(scale_exp + bl - 1, -126);
+    const int drop = min(max(e_res - frac_bits - scale_exp, 0), 62);
+    mag = (mag >> drop) << drop;
+    if (mag == 0) return 0.0f;
+    const int bl2 = 64 - __clzll((long long)mag);
+    const int e = scale_exp + bl2 - 1;
+    cpt_u32 bits;
+    if (e > 127) {
+        bits = 0x7F800000u;
+    } else if (e >= -126) {
+        const cpt_u64 sig = bl2 > 24 ? (mag >> (bl2 - 24)) : (mag << (24 - bl2));
+        bits = ((cpt_u32)(e + 127) << 23) | ((cpt_u32)sig & 0x7FFFFFu);
+    } else {
+        const int sh = scale_exp + 149;
+        bits = (cpt_u32)(sh >= 0 ? (mag << sh) : (-sh >= 64 ? 0ull : (mag >> -sh)));
+    }
+    if (S < 0) bits |= 0x80000000u;
+    return __uint_as_float(bits);
+}
+
+// reference._specials for one output over K elements [k0, k1), from the codes in memory,
+// as a class: 0 no NaN/Inf (the step's value stands), 1 +inf, 2 -inf, 3 NaN (0x7FFFFFFF).
+__device__ __noinline__ int cpt_specials(float c, const cpt_u8* __restrict__ arow, const cpt_u8* __restrict__ brow,
+                                         int k0, int k1, int a_fmt, int b_fmt) {
+    int nan = 0, pos = 0, neg = 0;
+    for (int k = k0; k < k1; ++k) {
+        int as, am, ae, an, ai, bs, bm, be, bn, bi;
+        cpemu_fp8_decode(arow[k], a_fmt, &as, &am, &ae, &an, &ai);
+        cpemu_fp8_decode(brow[k], b_fmt, &bs, &bm, &be, &bn, &bi);
+        const int a_zero = am == 0 && !an && !ai;
+        const int b_zero = bm == 0 && !bn && !bi;
+        nan |= an | bn | (ai & b_zero) | (a_zero & bi);
+        const int inf_p = ai | bi;
+        pos |= inf_p && as * bs > 0;
+        neg |= inf_p && as * bs < 0;
+    }
+    const cpt_u32 cb = __float_as_uint(c);
+    pos |= cb == 0x7F800000u;
+    neg |= cb == 0xFF800000u;
+    nan |= ((cb & 0x7FFFFFFFu) > 0x7F800000u) | (pos & neg);
+    return nan ? 3 : neg ? 2 : pos ? 1 : 0;
+}
+
+// n consecutive 32-bit words w[r0..] (vector loads of 4, or of 2 when n is not a multiple of 4).
+template <int n>
+__device__ __forceinline__ void cpt_load_words(const cpt_u32* w, cpt_u32 (&x)[n]) {
+    static_assert(n % 2 == 0, "vector loads of 2 or 4 words");
+    if (n % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < n; i += 4) {
+            const uint4 v = *(const uint4*)&w[i];
+            x[i] = v.x, x[i + 1] = v.y, x[i + 2] = v.z, x[i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < n; i += 2) {
+            const uint2 v = *(const uint2*)&w[i];
+            x[i] = v.x, x[i + 1] = v.y;
+        }
+    }
+}
+
+// a * b + c on two bf16 lanes, rounded to nearest (PTX fma.rn.bf16x2, sm_80 and newer)
+__device__ __forceinline__ cpt_u32 cpt_bf16x2_fma(cpt_u32 a, cpt_u32 b, cpt_u32 c) {
+    cpt_u32 r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// Pass 1 for e4m3 x e4m3, on the FP pipe (the integer pipe is the busy one): e_max of the
+// products is read off X = sum over the step's products of 2**(8 (E - 2)) = 2**(8 (e_a - 1)) *
+// 2**(8 (e_b - 1)), summed in bf16 (two lanes: even and odd k). Every term is an exact power of
+// two; with at most 16 positive terms per lane, each <= 2**(8 (E_max - 2)), and round-to-nearest
+// additions (monotonic, relative error <= 2**-8 each), a lane's X lies in
+// [2**(8 (E_max - 2)), 2**(8 (E_max - 2) + 4.1)), so floor(log2 X) / 8 rounded down is
+// E_max - 2 exactly (8 > 4.1). e4m3 products have E in [-12, 16]: every X stays a normal bf16
+// (2**-112 to 2**117). Zero, NaN and Inf codes contribute 0.
+__device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx, int klen,
+                                              const float (&acc)[CPT_TM][CPT_TN], int (&em)[CPT_TM][CPT_TN]) {
+    cpt_u32 X[CPT_TM][CPT_TN];
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) X[i][j] = 0u;
+CPT_UNROLL(CPT_EMAX_UNROLL)
+    for (int q = 0; q < klen / 2; ++q) {
+        cpt_u32 xa[CPT_TM], xb[CPT_TN];
+        cpt_load_words(&sh.a.x2[q][ty * CPT_TM], xa);
+        cpt_load_words(&sh.b.x2[q][tx * CPT_TN], xb);
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) X[i][j] = cpt_bf16x2_fma(xa[i], xb[j], X[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            // the larger lane (positive bf16 bits order like their values); 0: every product is zero
+            const cpt_u32 mx = max(X[i][j] & 0xFFFFu, X[i][j] >> 16);
+            // floor((be - 127) / 8) + 2 for the biased exponent be = mx >> 7 (>= 15)
+            const int e = mx ? (int)(((mx >> 7) + 1u) >> 3) - 14 : CPT_SENT;
+            em[i][j] = max(cpt_c_exp(acc[i][j]), e);
+        }
+}
+
+// Pass 1: em[i][j] = max(e_max of the products, exponent of c) for the thread's outputs.
+__device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int klen, const float (&acc)[CPT_TM][CPT_TN],
+                                         int (&em)[CPT_TM][CPT_TN]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+    // Lanes: m0[p][q] = (out(2p, 2q), out(2p+1, 2q+1)), m1[p][q] = (out(2p, 2q+1), out(2p+1, 2q)).
+    cpt_u32 m0[CPT_TM / 2][CPT_TN / 2], m1[CPT_TM / 2][CPT_TN / 2];
+#pragma unroll
+    for (int p = 0; p < CPT_TM / 2; ++p)
+#pragma unroll
+        for (int q = 0; q < CPT_TN / 2; ++q) {
+            m0[p][q] = ((cpt_u32)cpt_c_exp(acc[2 * p][2 * q]) & 0xFFFFu) |
+                       ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q + 1]) << 16);
+            m1[p][q] = ((cpt_u32)cpt_c_exp(acc[2 * p][2 * q + 1]) & 0xFFFFu) |
+                       ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q]) << 16);
+        }
+#pragma unroll 1
+    for (int kk = 0; kk < klen; ++kk) {
+        cpt_u32 a2[CPT_TM / 2], b2[CPT_TN / 2], bs[CPT_TN / 2];
+#pragma unroll
+        for (int p = 0; p < CPT_TM / 2; ++p) a2[p] = *(const cpt_u32*)&sh.a.e[kk][ty * CPT_TM + 2 * p];
+#pragma unroll
+        for (int q = 0; q < CPT_TN / 2; ++q) {
+            b2[q] = *(const cpt_u32*)&sh.b.e[kk][tx * CPT_TN + 2 * q];
+            bs[q] = __byte_perm(b2[q], 0u, 0x1032);  // swap the halves
+        }
+#pragma unroll
+        for (int p = 0; p < CPT_TM / 2; ++p)
+#pragma unroll
+            for (int q = 0; q < CPT_TN / 2; ++q) {
+                m0[p][q] = __viaddmax_s16x2(a2[p], b2[q], m0[p][q]);
+                m1[p][q] = __viaddmax_s16x2(a2[p], bs[q], m1[p][q]);
+            }
+    }
+#pragma unroll
+    for (int p = 0; p < CPT_TM / 2; ++p)
+#pragma unroll
+        for (int q = 0; q < CPT_TN / 2; ++q) {
+            em[2 * p][2 * q] = (int)(short)(m0[p][q] & 0xFFFFu);
+            em[2 * p + 1][2 * q + 1] = (int)m0[p][q] >> 16;
+            em[2 * p][2 * q + 1] = (int)(short)(m1[p][q] & 0xFFFFu);
+            em[2 * p + 1][2 * q] = (int)m1[p][q] >> 16;
+        }
+#else
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) em[i][j] = cpt_c_exp(acc[i][j]);
+#pragma unroll 1
+    for (int kk = 0; kk < klen; ++kk) {
+        int ea[CPT_TM], eb[CPT_TN];
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i) ea[i] = sh.a.e[kk][ty * CPT_TM + i];
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) eb[j] = sh.b.e[kk][tx * CPT_TN + j];
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) em[i][j] = max(em[i][j], ea[i] + eb[j]);
+    }
+#endif
+}
+
+// The magnitudes and sign masks of n consecutive rows r0.. of tile t at K element kk (vector
+// loads of 4 rows, or of 2 when n is not a multiple of 4).
+template <int n, int R>
+__device__ __forceinline__ void cpt_load_vs(const CptTile<R>& t, int kk, int r0, float (&v)[n], cpt_u32 (&s)[n]) {
+    static_assert(n % 2 == 0, "vector loads of 2 or 4 rows");
+    if (n % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < n; i += 4) {
+            const float4 x = *(const float4*)&t.v[kk][r0 + i];
+            const uint4 m = *(const uint4*)&t.s[kk][r0 + i];
+            v[i] = x.x, v[i + 1] = x.y, v[i + 2] = x.z, v[i + 3] = x.w;
+            s[i] = m.x, s[i + 1] = m.y, s[i + 2] = m.z, s[i + 3] = m.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < n; i += 2) {
+            const float2 x = *(const float2*)&t.v[kk][r0 + i];
+            const uint2 m = *(const uint2*)&t.s[kk][r0 + i];
+            v[i] = x.x, v[i + 1] = x.y;
+            s[i] = m.x, s[i + 1] = m.y;
+        }
+    }
+}
+
+// Pass 2, fast path (F <= 16): out[i][j] = the step's result before NaN/Inf handling (see
+// the file comment: T = RZ(|a| * |b| + C), y = bits(T) ^ sign mask, summed as integers).
+__device__ __forceinline__ void cpt_sum_fast(const CptStage& sh, int ty, int tx, int klen,
+                                             const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
+                                             int F, cpt_u32 rmask, float (&out)[CPT_TM][CPT_TN]) {
+    cpt_u32 Cb[CPT_TM][CPT_TN];  // bits of C = 2**(e_max - F + 23), the truncation constant of each output
+    cpt_u32 Y[CPT_TM][CPT_TN];   // the products' sum, in units of 2**(e_max - F), wrapping
+    float ct[CPT_TM][CPT_TN];    // c truncated to the grid 2**(e_max - F)
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            // C = 2**(e_max - F + 23). A nonzero product has E >= -28 and a nonzero c is a
+            // multiple of a previous step's grid (>= 2**-41), so e_max - F + 23 >= -103 whenever a
+            // term can be nonzero; the clamp (exponent field >= 24) only acts when every term
+            // is zero, and keeps C and 2**g below normal numbers
+            Cb[i][j] = (cpt_u32)max(em[i][j] + 150 - F, 24) << 23;
+            // c truncated toward zero to the grid 2**g (|c| < 2**(e_max + 1) <= 2**(g + 23)):
+            // RZ(c + Cs) with Cs = +-C of c's sign, minus Cs (exact, Sterbenz)
+            const float Cs = __uint_as_float(Cb[i][j] | (__float_as_uint(acc[i][j]) & 0x80000000u));
+            ct[i][j] = cpemu_fsub_rn(cpemu_fadd_rz(acc[i][j], Cs), Cs);
+            Y[i][j] = 0u - Cb[i][j] * (cpt_u32)klen;
+        }
+CPT_UNROLL(CPT_SUM_UNROLL)
+    for (int kk = 0; kk < klen; kk += 2) {  // klen is a multiple of 8
+        float va[2][CPT_TM], vb[2][CPT_TN];
+        cpt_u32 sa[2][CPT_TM], sb[2][CPT_TN];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            cpt_load_vs(sh.a, kk + h, ty * CPT_TM, va[h], sa[h]);
+            cpt_load_vs(sh.b, kk + h, tx * CPT_TN, vb[h], sb[h]);
+        }
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) {
+                const float C = __uint_as_float(Cb[i][j]);
+                const cpt_u32 y0 = __float_as_uint(cpemu_fma_rz(va[0][i], vb[0][j], C)) ^ sa[0][i] ^ sb[0][j];
+                const cpt_u32 y1 = __float_as_uint(cpemu_fma_rz(va[1][i], vb[1][j], C)) ^ sa[1][i] ^ sb[1][j];
+                Y[i][j] += y0 + y1;
+            }
+    }
+    cpt_u32 na[CPT_TM], nb[CPT_TN];
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i) na[i] = sh.a.neg[ty * CPT_TM + i];
+#pragma unroll
+    for (int j = 0; j < CPT_TN; ++j) nb[j] = sh.b.neg[tx * CPT_TN + j];
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            // + bits(C) * n_neg * 2 + n_neg: the negative products' terms (codes past klen are +0)
+            const cpt_u32 nneg = (cpt_u32)__popc(na[i] ^ nb[j]);
+            const int S = (int)(Y[i][j] + nneg * (2u * Cb[i][j] + 1u));
+            const float p2 = __uint_as_float(Cb[i][j] - (23u << 23));  // 2**g
+            // |S| < 2**21 converts exactly; S * 2**g + c truncated is a multiple of 2**g below
+            // 2**(g + 22) in magnitude, so the RN fused multiply-add is exact
+            // (never -0: x - x and S * 2**g + 0 are +0 in RN, and a nonzero result is a multiple
+            // of 2**g >= 2**(-126 - F), which the rounding below keeps nonzero)
+            out[i][j] = __uint_as_float(__float_as_uint(cpemu_fma_rn(__int2float_rn(S), p2, ct[i][j])) & rmask);
+        }
+}
+
+// Pass 2, integer path (any F): reference.tfdpa's int64 arithmetic.
+__device__ __forceinline__ void cpt_sum_int(const CptStage& sh, int ty, int tx, int klen,
+                                            const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
+                                            int F, int R, int e_zero, float (&out)[CPT_TM][CPT_TN]) {
+    cpt_i64 S[CPT_TM][CPT_TN];
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            int cs, ce;
+            cpt_i64 cm;
+            cpt_split_fp32(acc[i][j], e_zero, &cs, &cm, &ce);
+            const int rc = em[i][j] - ce + (23 - F);
+            S[i][j] = (cpt_i64)cs * (rc >= 0 ? (cm >> min(rc, 62)) : (cm << min(-rc, 62)));
+        }
+#pragma unroll 1
+    for (int kk = 0; kk < klen; ++kk) {
+        cpt_u32 ma[CPT_TM], mb[CPT_TN], sa[CPT_TM], sb[CPT_TN];
+        int ea[CPT_TM], eb[CPT_TN];
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i) {
+            ma[i] = __float_as_uint(sh.a.v[kk][ty * CPT_TM + i]);
+            sa[i] = sh.a.s[kk][ty * CPT_TM + i];
+            ea[i] = sh.a.e[kk][ty * CPT_TM + i];
+        }
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            mb[j] = __float_as_uint(sh.b.v[kk][tx * CPT_TN + j]);
+            sb[j] = sh.b.s[kk][tx * CPT_TN + j];
+            eb[j] = sh.b.e[kk][tx * CPT_TN + j];
+        }
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) {
+                const cpt_u32 P = ma[i] * mb[j];                        // (m_a << S0) * m_b < 2**28
+                const int shift = min(em[i][j] - (ea[i] + eb[j]), 31);  // e_max - E
+                const cpt_i64 T = (cpt_i64)(P >> shift);
+                S[i][j] += (sa[i] ^ sb[j]) ? -T : T;
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) out[i][j] = cpt_round_sum(S[i][j], em[i][j] - F, R);
+}
+
+// End of the T-FDPA step that starts at K element k of slice s: the chain (promotion
+// interval, or the whole slice) and L bound it.
+__device__ __forceinline__ int cpt_step_end(const int* __restrict__ slices, int s, int k, int promotion, int L) {
+    const int k0 = slices[2 * s], k1 = slices[2 * s + 1];
+    const int clen = promotion > 0 ? promotion * L : (k1 - k0);
+    const int cend = min(k0 + ((k - k0) / clen + 1) * clen, k1);
+    return min(k + L, cend);
+}
+
+// formats.encode_output for one value; the bf16 and fp16 branches are cpemu_encode_bf16 /
+// cpemu_encode_f16 (cpemu_fp32.cuh) with the NaN test shared, fused here for the tile loop.
+__device__ __forceinline__ cpt_u32 cpt_encode(float y, int out_kind, cpt_u32 nan_bits) {
+    const cpt_u32 u = __float_as_uint(y);
+    const cpt_u32 a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return nan_bits;
+    if (out_kind == CPEMU_OUT_F32) return u;
+    if (out_kind == CPEMU_OUT_BF16) return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const cpt_u32 sign = (u >> 16) & 0x8000u;
+    if (a >= 0x477FF000u) return sign | 0x7C00u;
+    if (a >= 0x38800000u) {
+        const cpt_u32 r = a - 0x38000000u;
+        return sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13);
+    }
+    if (a <= 0x33000000u) return sign;
+    const cpt_u32 e = a >> 23;
+    const cpt_u32 m = (a & 0x7FFFFFu) | 0x800000u;
+    const cpt_u32 s = 126u - e;
+    cpt_u32 h = m >> s;
+    const cpt_u32 rem = m & ((1u << s) - 1u);
+    const cpt_u32 half = 1u << (s - 1u);
+    if (rem > half || (rem == half && (h & 1u))) h += 1u;
+    return sign | h;
+}
+
+// ------------------------------------------------------------------------ kernel
+
+// The kernel's body. Same arguments as cpemu_gemm_simple (see gemm_simple.cu), plus ws: a
+// float32 workspace of 2 * M * N elements for the promotion and split-K folds (read and
+// written only by the thread that owns the output; may be a 1-element dummy when the plan
+// has one slice of one chain, i.e. fast accumulation without split-K).
+#define CPT_KERNEL_PARAMS                                                                                             \
+    const cpt_u8 *__restrict__ A, const cpt_u8 *__restrict__ Bt, int M, int N, int K, int a_fmt, int b_fmt, int L,   \
+        int F, int R, int e_zero, const int *__restrict__ slices, int n_slices, int promotion,                       \
+        const float *__restrict__ scale_a, int sa_stride, const float *__restrict__ scale_b, int sb_stride,          \
+        int ep_order, const float *__restrict__ bias, int has_bias, void *__restrict__ out, int out_kind,            \
+        cpt_u32 nan_bits, float *__restrict__ ws
+#define CPT_KERNEL_ARGS                                                                                               \
+    A, Bt, M, N, K, a_fmt, b_fmt, L, F, R, e_zero, slices, n_slices, promotion, scale_a, sa_stride, scale_b,         \
+        sb_stride, ep_order, bias, has_bias, out, out_kind, nan_bits, ws
+
+__device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
+    extern __shared__ __align__(16) unsigned char cpt_smem[];
+    CptShared& sh = *reinterpret_cast<CptShared*>(cpt_smem);
+    const int tx = threadIdx.x % (CPT_BN / CPT_TN), ty = threadIdx.x / (CPT_BN / CPT_TN);
+    const int m0 = blockIdx.y * CPT_BM, n0 = blockIdx.x * CPT_BN;
+    const int fast = F <= 16;
+    const int bf_emax = fast && a_fmt == 0 && b_fmt == 0;  // pass 1 by cpt_emax_bf16
+    const int S0 = F - cpemu_fp8_frac_bits(a_fmt) - cpemu_fp8_frac_bits(b_fmt);
+    const cpt_u32 rmask = 0xFFFFFFFFu << (23 - R);
+    const cpt_i64 MN = (cpt_i64)M * N;
+    cpt_build_luts(sh, a_fmt, b_fmt, fast, S0);
+
+    float acc[CPT_TM][CPT_TN];  // the chain's accumulator c; at the end, the FP32 result
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) acc[i][j] = 0.0f;
+    int cbad = 0;  // some accumulator of this thread may be NaN / Inf
+
+    uint2 ra[CPT_CHUNKS(CPT_BM) / CPT_THREADS], rb[CPT_CHUNKS(CPT_BN) / CPT_THREADS];
+    int s = 0, k = slices[0];
+    {
+        const int ke = cpt_step_end(slices, 0, k, promotion, L);
+        cpt_fetch<CPT_BM>(A, M, K, m0, k, ke, ra);
+        cpt_fetch<CPT_BN>(Bt, N, K, n0, k, ke, rb);
+    }
+    const CptStage& st = sh.st;
+    while (s < n_slices) {
+        const int k0 = slices[2 * s], k1 = slices[2 * s + 1];
+        const int clen = promotion > 0 ? promotion * L : (k1 - k0);
+        const int cstart = k0 + ((k - k0) / clen) * clen;
+        const int cend = min(cstart + clen, k1);
+        const int ke = min(k + L, cend);
+
+        __syncthreads();  // the previous step is done with the stage (and the LUTs are built)
+        cpt_store(sh.st.a, ra, sh.lut[0], a_fmt, bf_emax);
+        cpt_store(sh.st.b, rb, sh.lut[1], b_fmt, bf_emax);
+        __syncthreads();
+
+        // prefetch the next step's codes while this one computes
+        int ns = s, nk = ke;
+        if (nk >= k1) {
+            ns = s + 1;
+            nk = ns < n_slices ? slices[2 * ns] : 0;
+        }
+        if (ns < n_slices) {
+            const int nke = cpt_step_end(slices, ns, nk, promotion, L);
+            cpt_fetch<CPT_BM>(A, M, K, m0, nk, nke, ra);
+            cpt_fetch<CPT_BN>(Bt, N, K, n0, nk, nke, rb);
+        }
+
+        if (k == cstart) {  // a chain starts from +0
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT_TN; ++j) acc[i][j] = 0.0f;
+            cbad = 0;
+        }
+
+        // ---- one T-FDPA step over K elements [k, ke) for the thread's outputs
+        const int klen = ke - k;
+        // NaN / Inf first (they depend on c and the codes only): 2 bits per output
+        cpt_u64 ov = 0;  // 2 bits per output (CPT_TM * CPT_TN <= 32)
+        {
+            cpt_u32 fl = 0;
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i) fl |= st.a.flag[ty * CPT_TM + i];
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) fl |= st.b.flag[tx * CPT_TN + j];
+            if (fl | cbad) {
+#pragma unroll 1
+                for (int o = 0; o < CPT_TM * CPT_TN; ++o) {
+                    const int i = o / CPT_TN, j = o % CPT_TN;
+                    const int gm = m0 + ty * CPT_TM + i, gn = n0 + tx * CPT_TN + j;
+                    float c = 0.0f;
+#pragma unroll
+                    for (int q = 0; q < CPT_TM * CPT_TN; ++q)
+                        if (q == o) c = acc[q / CPT_TN][q % CPT_TN];
+                    if (gm < M && gn < N &&
+                        ((st.a.flag[ty * CPT_TM + i] | st.b.flag[tx * CPT_TN + j]) ||
+                         (__float_as_uint(c) & 0x7F800000u) == 0x7F800000u))
+                        ov |= (cpt_u64)cpt_specials(c, A + (cpt_i64)gm * K, Bt + (cpt_i64)gn * K, k, ke, a_fmt, b_fmt)
+                              << (2 * o);
+                }
+                cbad = ov != 0;
+            }
+        }
+        int em[CPT_TM][CPT_TN];
+        if (bf_emax) {
+            cpt_emax_bf16(st, ty, tx, klen, acc, em);
+        } else {
+            cpt_emax(st, ty, tx, klen, acc, em);
+        }
+        if (fast) {
+            cpt_sum_fast(st, ty, tx, klen, acc, em, F, rmask, acc);
+        } else {
+            cpt_sum_int(st, ty, tx, klen, acc, em, F, R, e_zero, acc);
+        }
+        if (ov) {
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT_TN; ++j) {
+                    const cpt_u32 cl = (cpt_u32)(ov >> (2 * (i * CPT_TN + j))) & 3u;
+                    if (cl) acc[i][j] = __uint_as_float(cl == 1 ? 0x7F800000u : cl == 2 ? 0xFF800000u : 0x7FFFFFFFu);
+                }
+        }
+
+        // ---- schedule: fold a finished chain into its slice (p), a finished slice into the
+        // result (part); both live in ws unless the fold is trivial
+        if (ke == cend) {
+            const int one_chain = cstart == k0 && cend == k1;
+            const int last_slice = s == n_slices - 1;
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT_TN; ++j) {
+                    const int gm = m0 + ty * CPT_TM + i, gn = n0 + tx * CPT_TN + j;
+                    if (gm >= M || gn >= N) continue;
+                    const cpt_i64 idx = (cpt_i64)gm * N + gn;
+                    float pv = acc[i][j];
+                    if (!one_chain) {
+                        if (cstart != k0) pv = cpemu_fadd_rn(ws[idx], pv);  // p + part, in chain order
+                        if (cend != k1) ws[idx] = pv;
+                    }
+                    if (cend == k1 && n_slices > 1) {
+                        if (s != 0) pv = cpemu_fadd_rn(ws[MN + idx], pv);  // partial + p, in slice order
+                        if (!last_slice) ws[MN + idx] = pv;
+                    }
+                    acc[i][j] = pv;  // the value that stands when this was the last fold
+                }
+        }
+        s = ns;
+        k = nk;
+    }
+
+    // ---- epilogue (acc holds the FP32 accumulator of the whole GEMM)
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i) {
+        const int gm = m0 + ty * CPT_TM + i;
+        if (gm >= M) continue;
+        const float sa = scale_a[(cpt_i64)gm * sa_stride];
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            const int gn = n0 + tx * CPT_TN + j;
+            if (gn >= N) continue;
+            const float y = cpemu_epilogue(acc[i][j], sa, scale_b[(cpt_i64)gn * sb_stride], has_bias,
+                                         has_bias ? bias[gn] : 0.0f, ep_order);
+            const cpt_u32 bits = cpt_encode(y, out_kind, nan_bits);
+            const cpt_i64 idx = (cpt_i64)gm * N + gn;
+            if (out_kind == CPEMU_OUT_F32) {
+                ((cpt_u32*)out)[idx] = bits;
+            } else {
+                ((cpt_u16*)out)[idx] = (cpt_u16)bits;
+            }
+        }
+    }
+}
