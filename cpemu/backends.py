@@ -27,7 +27,7 @@ __all__ = ["LADDER", "BackendUnavailable", "status", "select", "validate"]
 
 LADDER = ("cublaslt-tc", "cuda-tiled", "cuda-simple", "reference")
 TENSOR_CORE = "cublaslt-tc"
-_MODULE = {"cuda-tiled": "gemm_tiled", "cuda-simple": "gemm_simple"}
+_CUDA_KERNELS = ("cuda-tiled", "cuda-simple")  # their modules: cpemu.cuda.kernels.MODULES
 
 _lock = threading.Lock()
 _validated: dict = {}
@@ -70,13 +70,14 @@ def _available_uncached(name: str) -> tuple[bool, str]:
         except Exception as e:  # pragma: no cover - packaging problem
             return False, f"tensor-core module unavailable: {e}"
         return tensorcore.available()
-    if name not in _MODULE:
+    if name not in _CUDA_KERNELS:
         return False, f"unknown backend {name!r}; known: {LADDER}"
     try:
         from .cuda import loader
+        from .cuda.kernels import MODULES, modules_status
     except Exception as e:  # pragma: no cover - packaging problem
         return False, f"CUDA loader unavailable: {e}"
-    ok, reason = loader.module_status(_MODULE[name])
+    ok, reason = modules_status(loader.module_status, MODULES[name])
     return bool(ok), reason
 
 

@@ -50,9 +50,21 @@ cp, _REASON = _gpu_state()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cp is None, reason=_REASON or "no GPU")]
 
 if cp is not None:
-    from cpemu.cuda.kernels import FAMILIES, as_numpy, gemm_cuda
-else:
-    FAMILIES = ("cuda-simple", "cuda-tiled")
+    from cpemu.cuda.kernels import as_numpy
+    from cpemu.cuda.kernels import gemm_cuda as _gemm_cuda
+#: the kernel families, and the tiled kernel forced onto each of its geometries
+#: ("family:module"; plain "cuda-tiled" picks the geometry by M)
+FAMILIES = ("cuda-simple", "cuda-tiled", "cuda-tiled:gemm_tiled", "cuda-tiled:gemm_tiled_small_m")
+
+
+def gemm_cuda(*args, **kw):
+    """kernels.gemm_cuda, with a ``family:module`` kernel family forcing a tiled geometry."""
+    by_name = "kernel_family" in kw
+    family = kw.pop("kernel_family") if by_name else args[0]
+    name, _, module = family.partition(":")
+    if module:
+        kw.setdefault("tiled_module", module)
+    return _gemm_cuda(name, *(args if by_name else args[1:]), **kw)
 
 TRUTH = os.path.join(os.path.dirname(__file__), "data", "h200")
 HOPPER = "hopper-h200-torch"
@@ -485,6 +497,7 @@ def test_argument_errors(family):
         (dict(plan=Plan(((0, 128),), None)), "plan"),                   # beyond K
         (dict(mode={"epilogue": {"order": "sa*acc"}}), "mode"),
         (dict(kernel_family="cuda-fast"), "kernel_family"),
+        (dict(tiled_module="gemm_tiled_huge"), "tiled_module"),
     ]
     for kw, arg in cases:
         if arg is None:

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "d89770ca28c7c1e7d85d305b88add8a4060455511065d02cff90fe4a5fd6093b"
+MANIFEST_SHA256 = "0de0a5f3b102d6f2d8ec6c802de294b46142ee398ad7495c63bdf15f726007be"

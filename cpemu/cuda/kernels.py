@@ -4,11 +4,13 @@ Two kernel families compute the same bits as :mod:`cpemu.reference`:
 
 * ``"cuda-simple"`` -- ``cuda_src/gemm_simple.cu``: one output per thread, written to be
   read side by side with the reference (integer T-FDPA steps, same function names);
-* ``"cuda-tiled"`` -- ``cuda_src/gemm_tiled.cu``: 64 x 64 output tiles, 8 x 4 outputs per
-  thread, each step's FP8 codes decoded once per block into shared memory (the next step's
-  codes load while this one computes); the truncated terms of Ada/Hopper
-  (F <= 16) by exact round-toward-zero FP32 fused multiply-adds summed as integers, Blackwell's
-  (F = 25) in int64 like the reference.
+* ``"cuda-tiled"`` -- ``cuda_src/cpemu_tiled.cuh``: each step's FP8 codes decoded once per
+  block into shared memory (the next step's codes load while this one computes); the
+  truncated terms of Ada/Hopper (F <= 16) by exact round-toward-zero FP32 fused
+  multiply-adds summed as integers, Blackwell's (F = 25) in int64 like the reference. Two
+  geometries (:data:`TILED_VARIANTS`), picked by M: ``gemm_tiled.cu`` (64 x 64 outputs per
+  block, 8 x 4 per thread) and, for M <= :data:`TILED_SMALL_M_MAX`, ``gemm_tiled_small_m.cu``
+  (16 x 32 per block, 2 x 4 per thread: no empty rows at M = 16 and four times the threads).
 
 :func:`gemm_cuda` takes the operands as cupy ``uint8`` code matrices (``a`` (M, K), ``bt``
 (N, K): B transposed, K contiguous), the :class:`~cpemu.schedule.Plan`, the
@@ -36,14 +38,18 @@ from ..formats import CANONICAL_NAN, OUT_DTYPES, FP8Format, fp8_format
 from ..instruction import InstructionModel
 from ..schedule import Plan
 
-__all__ = ["FAMILIES", "KERNELS", "TENSOR_CORE", "DIRECT", "OUT_KIND", "EPILOGUE_ORDERS", "FROM_SOURCE_ENV", "gemm_cuda", "get_kernel",
+__all__ = ["FAMILIES", "KERNELS", "MODULES", "TILED_VARIANTS", "TILED_SMALL_M_MAX", "TENSOR_CORE", "DIRECT", "OUT_KIND",
+           "EPILOGUE_ORDERS", "FROM_SOURCE_ENV", "gemm_cuda", "get_kernel", "tiled_module_for", "tiled_threads",
            "as_numpy", "source_path", "available"]
 
-#: kernel family -> (module = cuda_src/<module>.cu = bin/<module>.fatbin, kernel name)
+#: kernel family -> (module = cuda_src/<module>.cu = bin/<module>.fatbin, kernel name) of its
+#: default kernel; ``cuda-tiled`` also has the small-M geometry (TILED_VARIANTS)
 KERNELS = {
     "cuda-simple": ("gemm_simple", "cpemu_gemm_simple"),
     "cuda-tiled": ("gemm_tiled", "cpemu_gemm_tiled"),
 }
+#: kernel family -> every module it needs
+MODULES = {"cuda-simple": ("gemm_simple",), "cuda-tiled": ("gemm_tiled", "gemm_tiled_small_m")}
 FAMILIES = tuple(KERNELS)
 #: the tensor-core backend (cpemu/cuda/tensorcore.py): same call, device-dependent bits
 TENSOR_CORE = "cublaslt-tc"
@@ -60,10 +66,15 @@ FROM_SOURCE_ENV = "CPEMU_CUDA_FROM_SOURCE"
 #: adds the architecture of the current device itself).
 SOURCE_OPTIONS = ("--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
 
-#: Tiled kernel geometry and dynamic shared memory (must match gemm_tiled.cu: CPT_BM, CPT_BN,
-#: the default CPT_TM x CPT_TN threads, CPT_SMEM_BYTES: the decoded stage and the tables).
-TILE_M, TILE_N, TILED_THREADS = 64, 64, 128
-TILED_SMEM_BYTES = 46080
+#: Geometries of the tiled kernel: module (cuda_src/<module>.cu) -> (kernel, CPT_BM, CPT_BN,
+#: the default CPT_TM, CPT_TN, CPT_SMEM_BYTES: the decoded stage and the tables). Must match
+#: the sources (their static_assert checks the shared memory size).
+TILED_VARIANTS = {
+    "gemm_tiled": ("cpemu_gemm_tiled", 64, 64, 8, 4, 46080),
+    "gemm_tiled_small_m": ("cpemu_gemm_tiled_small_m", 16, 32, 2, 4, 19840),
+}
+#: ``cuda-tiled`` runs GEMMs with M up to this on the small-M geometry.
+TILED_SMALL_M_MAX = 32
 SIMPLE_THREADS = 128
 #: K, the slice bounds and L must be multiples of this (8-byte loads of codes).
 K_ALIGN = 8
@@ -90,19 +101,23 @@ def _from_source() -> bool:
     return os.environ.get(FROM_SOURCE_ENV, "") == "1"
 
 
-def get_kernel(kernel_family: str, defines: tuple = ()):
-    """The ``cupy.RawKernel`` of ``kernel_family`` on the current device (cached).
+def get_kernel(kernel_family: str, defines: tuple = (), module: str | None = None):
+    """The ``cupy.RawKernel`` of ``kernel_family`` on the current device (cached); ``module``
+    picks a tiled geometry (a key of :data:`TILED_VARIANTS`; default: the family's own).
 
     From the verified fatbin, or compiled from ``cuda_src`` when ``CPEMU_CUDA_FROM_SOURCE=1``
     or when ``defines`` (extra ``-D`` options, for tuning experiments) are given.
     """
     if kernel_family not in KERNELS:
         raise ValueError(f"kernel_family: must be one of {FAMILIES} (got {kernel_family!r})")
+    module = module or KERNELS[kernel_family][0]
+    if module not in MODULES[kernel_family]:
+        raise ValueError(f"module: must be one of {MODULES[kernel_family]} for {kernel_family} (got {module!r})")
+    name = TILED_VARIANTS[module][0] if module in TILED_VARIANTS else KERNELS[kernel_family][1]
     cupy = _cupy()
-    module, name = KERNELS[kernel_family]
     dev = cupy.cuda.Device().id
     src = _from_source() or bool(defines)
-    key = (kernel_family, dev, src, tuple(defines))
+    key = (module, dev, src, tuple(defines))
     with _lock:
         fn = _cache.get(key)
         if fn is None:
@@ -118,8 +133,8 @@ def get_kernel(kernel_family: str, defines: tuple = ()):
                 from .loader import get_function
 
                 fn = get_function(module, name)
-            if kernel_family == "cuda-tiled":  # its dynamic shared memory (the launch checks the limit)
-                fn.max_dynamic_shared_size_bytes = TILED_SMEM_BYTES
+            if module in TILED_VARIANTS:  # its dynamic shared memory (the launch checks the limit)
+                fn.max_dynamic_shared_size_bytes = TILED_VARIANTS[module][5]
             _cache[key] = fn
     return fn
 
@@ -133,16 +148,26 @@ def available(kernel_family: str = "cuda-tiled") -> tuple[bool, str]:
             return False, "no CUDA GPU"
     except Exception as e:
         return False, f"{type(e).__name__}: {e}"
+    if kernel_family not in MODULES:
+        return False, f"unknown kernel family {kernel_family!r}"
     if _from_source():
-        module = KERNELS.get(kernel_family, (None,))[0]
-        if module is None:
-            return False, f"unknown kernel family {kernel_family!r}"
-        p = source_path(module)
-        return (True, f"compiled from {p}") if p.is_file() else (False, f"{p} is missing")
+        for module in MODULES[kernel_family]:
+            p = source_path(module)
+            if not p.is_file():
+                return False, f"{p} is missing"
+        return True, f"compiled from {source_path(MODULES[kernel_family][0]).parent}"
     from .loader import module_status
 
-    return module_status(KERNELS[kernel_family][0]) if kernel_family in KERNELS else (
-        False, f"unknown kernel family {kernel_family!r}")
+    return modules_status(module_status, MODULES[kernel_family])
+
+
+def modules_status(module_status, modules) -> tuple[bool, str]:
+    """``module_status`` of every module: the first failure, else the first module's detail."""
+    results = [module_status(m) for m in modules]
+    for ok, why in results:
+        if not ok:
+            return False, why
+    return True, results[0][1]
 
 
 # ---------------------------------------------------------------- argument checks
@@ -232,7 +257,8 @@ def _static_config(a_format, b_format, plan, model, K: int, order_name, out_dtyp
 
 
 def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: Plan, model: InstructionModel,
-              mode: dict, scale_a, scale_b, bias_f32, out_dtype: str, *, defines: tuple = ()):
+              mode: dict, scale_a, scale_b, bias_f32, out_dtype: str, *, defines: tuple = (),
+              tiled_module: str | None = None):
     """Exact ``(a @ b) * scales (+ bias)`` on the GPU, bit for bit the reference's.
 
     ``a_codes`` (M, K) and ``bt_codes`` (N, K): C-contiguous cupy ``uint8`` arrays of FP8
@@ -248,6 +274,8 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     patterns for bfloat16 and float16 (NaN written as the profile's ``nan_bits``). The kernel
     runs on cupy's current stream; the call does not synchronize. ``defines``: extra macros
     (``"NAME=VALUE"``) to compile the kernel from source with, for tuning experiments only.
+    ``tiled_module``: the geometry of ``cuda-tiled`` (a key of :data:`TILED_VARIANTS`);
+    default: :func:`tiled_module_for` M (the bits are the same with either).
 
     ``kernel_family="cublaslt-tc"`` runs the same call on the device's tensor cores
     (:mod:`cpemu.cuda.tensorcore`, fast accumulation when ``plan.promotion`` is None); it
@@ -255,6 +283,8 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     """
     if kernel_family not in DIRECT:
         _fail("kernel_family", f"must be one of {DIRECT}", repr(kernel_family))
+    if tiled_module is not None and (kernel_family != "cuda-tiled" or tiled_module not in TILED_VARIANTS):
+        _fail("tiled_module", f"must be None, or for cuda-tiled one of {sorted(TILED_VARIANTS)}", repr(tiled_module))
     cupy = _cupy()
     if not isinstance(a_codes, cupy.ndarray):
         _fail("a_codes", "must be a cupy array of uint8 FP8 codes", type(a_codes).__name__)
@@ -304,31 +334,39 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
         if M == 0:
             return out
         sl = cupy.asarray(np.asarray(slices, dtype=np.int32).reshape(-1))
-        fn = get_kernel(kernel_family, tuple(defines))
         i32 = np.int32
         args = [a, bt, i32(M), i32(N), i32(K), i32(fa.name == "e5m2"), i32(fb.name == "e5m2"), i32(L), i32(F),
                 i32(R), i32(model.e_zero), sl, i32(len(slices)), i32(promotion), sa, i32(sa_stride), sb,
                 i32(sb_stride), i32(order), bias, i32(has_bias), out, i32(OUT_KIND[out_dtype]), np.uint32(nan_bits)]
         if kernel_family == "cuda-simple":
+            fn = get_kernel(kernel_family, tuple(defines))
             total = M * N
             grid = (min((total + SIMPLE_THREADS - 1) // SIMPLE_THREADS, 1 << 20), 1, 1)
             fn(grid, (SIMPLE_THREADS, 1, 1), tuple(args))
         else:
             need_ws = promotion > 0 or len(slices) > 1
             ws = cupy.empty(2 * M * N if need_ws else 1, dtype=cupy.float32)
-            grid = ((N + TILE_N - 1) // TILE_N, (M + TILE_M - 1) // TILE_M, 1)
+            module = tiled_module_for(M) if tiled_module is None else tiled_module
+            fn = get_kernel(kernel_family, tuple(defines), module)
+            _, bm, bn, _, _, smem = TILED_VARIANTS[module]
+            grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, 1)
             if grid[1] > 65535:
-                _fail("a_codes", f"M must be at most {65535 * TILE_M} for the tiled kernel", M)
-            fn(grid, (_tiled_threads(defines), 1, 1), tuple(args + [ws]), shared_mem=TILED_SMEM_BYTES)
+                _fail("a_codes", f"M must be at most {65535 * bm} for the tiled kernel", M)
+            fn(grid, (tiled_threads(module, defines), 1, 1), tuple(args + [ws]), shared_mem=smem)
     return out
 
 
-def _tiled_threads(defines) -> int:
-    """Threads of a block of the tiled kernel: (64 / CPT_TM) * (64 / CPT_TN), 8 x 4 unless
-    a tuning build defines them otherwise."""
+def tiled_module_for(M: int) -> str:
+    """The tiled geometry ``cuda-tiled`` runs an (M, N, K) GEMM on."""
+    return "gemm_tiled_small_m" if M <= TILED_SMALL_M_MAX else "gemm_tiled"
+
+
+def tiled_threads(module: str, defines=()) -> int:
+    """Threads of a block of a tiled geometry: (CPT_BM / CPT_TM) * (CPT_BN / CPT_TN), with the
+    source's CPT_TM x CPT_TN unless a tuning build defines them otherwise."""
+    _, bm, bn, tm, tn = TILED_VARIANTS[module][:5]
     d = dict(str(x).split("=", 1) for x in defines if "=" in str(x))
-    tm, tn = int(d.get("CPT_TM", 8)), int(d.get("CPT_TN", 4))
-    return (TILE_M // tm) * (TILE_N // tn)
+    return (bm // int(d.get("CPT_TM", tm))) * (bn // int(d.get("CPT_TN", tn)))
 
 
 def as_numpy(result, out_dtype: str) -> np.ndarray:
