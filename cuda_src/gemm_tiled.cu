@@ -1,7 +1,7 @@
 // cpemu: the tiled exact FP8 GEMM kernel (the body and its design: cpemu_tiled.cuh).
 //
 // 64 x 64 outputs per block of 128 threads, 8 x 4 outputs per thread: the geometry for
-// GEMMs with enough outputs to fill the GPU (kernels.py picks it from M >= 64 on).
+// GEMMs with enough outputs to fill the GPU (kernels.py tiled_module_for picks the geometry).
 
 #define CPT_BM 64
 #define CPT_BN 64

@@ -258,6 +258,7 @@ def test_cuda_paths_with_stand_ins(tmp_path, fake_gpu):
     assert result.exit_code == 0, result.output
     assert d["failures"] == [] and d["validation"]["cuda-tiled"]["ok"] is True
     assert d["device"]["sm_count"] == 132 and d["device"]["driver_version"] == "580.159.04"
+    assert {r["tiled_module"] for r in d["results"] if r["kernel"] == "cuda-tiled"} == {"gemm_tiled_small_m"}
     assert d["clock"]["nvidia_smi_index"] == "0" and d["clock"]["samples"]
     assert d["clock"]["samples"][0][1:] == [1980.0, 350.51, 45.0]
     assert len(d["results"]) == 4

@@ -1259,6 +1259,8 @@ def run_kernel(bench, prof, model, mode, plan, name, base, a, bt, sa, sb, dev, m
         span = r.pop("span", None)
         r["span_unix"] = span
         bench.figures(r, macs, bench.clock_of(span))
+        if name == "cuda-tiled" and bench.sm_count:  # the geometry gemm_cuda picks for this shape on this GPU
+            r["tiled_module"] = kernels.tiled_module_for(base["M"], base["N"], bench.sm_count)
         if name == kernels.TENSOR_CORE:
             from cpemu.cuda import tensorcore
 

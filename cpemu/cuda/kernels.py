@@ -8,8 +8,8 @@ Two kernel families compute the same bits as :mod:`cpemu.reference`:
   block into shared memory (the next step's codes load while this one computes); the
   truncated terms of Ada/Hopper (F <= 16) by exact round-toward-zero FP32 fused
   multiply-adds summed as integers, Blackwell's (F = 25) in int64 like the reference. Two
-  geometries (:data:`TILED_VARIANTS`), picked by M: ``gemm_tiled.cu`` (64 x 64 outputs per
-  block, 8 x 4 per thread) and, for M <= :data:`TILED_SMALL_M_MAX`, ``gemm_tiled_small_m.cu``
+  geometries (:data:`TILED_VARIANTS`), picked by :func:`tiled_module_for`: ``gemm_tiled.cu``
+  (64 x 64 outputs per block, 8 x 4 per thread) and, for small M, ``gemm_tiled_small_m.cu``
   (16 x 32 per block, 2 x 4 per thread: no empty rows at M = 16 and four times the threads).
 
 :func:`gemm_cuda` takes the operands as cupy ``uint8`` code matrices (``a`` (M, K), ``bt``
@@ -275,7 +275,7 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     runs on cupy's current stream; the call does not synchronize. ``defines``: extra macros
     (``"NAME=VALUE"``) to compile the kernel from source with, for tuning experiments only.
     ``tiled_module``: the geometry of ``cuda-tiled`` (a key of :data:`TILED_VARIANTS`);
-    default: :func:`tiled_module_for` M (the bits are the same with either).
+    default: :func:`tiled_module_for` the shape and the GPU (the bits are the same with either).
 
     ``kernel_family="cublaslt-tc"`` runs the same call on the device's tensor cores
     (:mod:`cpemu.cuda.tensorcore`, fast accumulation when ``plan.promotion`` is None); it
@@ -346,7 +346,7 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
         else:
             need_ws = promotion > 0 or len(slices) > 1
             ws = cupy.empty(2 * M * N if need_ws else 1, dtype=cupy.float32)
-            module = tiled_module_for(M) if tiled_module is None else tiled_module
+            module = tiled_module_for(M, N, _sm_count(device)) if tiled_module is None else tiled_module
             fn = get_kernel(kernel_family, tuple(defines), module)
             _, bm, bn, _, _, smem = TILED_VARIANTS[module]
             grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, 1)
@@ -356,9 +356,19 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     return out
 
 
-def tiled_module_for(M: int) -> str:
-    """The tiled geometry ``cuda-tiled`` runs an (M, N, K) GEMM on."""
-    return "gemm_tiled_small_m" if M <= TILED_SMALL_M_MAX else "gemm_tiled"
+def tiled_module_for(M: int, N: int, sm_count: int) -> str:
+    """The tiled geometry ``cuda-tiled`` runs an (M, N, K) GEMM on, on a GPU of ``sm_count``
+    SMs: the small-M one for M <= TILED_SMALL_M_MAX, and wherever 64 x 64 blocks would not
+    give every SM one (on an H200: 1.1-2.7x faster there, slower elsewhere; benchmarks/README.md).
+    The bits are the same on either."""
+    if M <= TILED_SMALL_M_MAX or -(-M // 64) * -(-N // 64) < sm_count:
+        return "gemm_tiled_small_m"
+    return "gemm_tiled"
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    return int(_cupy().cuda.Device(device).attributes["MultiProcessorCount"])
 
 
 def tiled_threads(module: str, defines=()) -> int:

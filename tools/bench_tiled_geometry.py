@@ -1,0 +1,119 @@
+"""The two geometries of the ``cuda-tiled`` kernel side by side (what ``tiled_module_for`` picks from).
+
+For each (shape, data, M) both geometries of :data:`cpemu.cuda.kernels.TILED_VARIANTS` run the
+same GEMM (the profile's plan, e4m3 operands from :mod:`cpemu.cases`, unit scales, bf16
+output, fast accumulation), forced through ``gemm_cuda(..., tiled_module=...)``. Timing is
+``bench_kernels``' (:func:`bench_kernels.time_device`: warm-up, CUDA-event windows, median).
+The full outputs of the two geometries must be equal bit for bit (exit 1 otherwise); the
+record also says which one ``tiled_module_for`` picks on this GPU.
+
+    python tools/bench_tiled_geometry.py --M 16,32,48,64,96,128,256 --out geometry.json
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shlex
+import sys
+
+import click
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_kernels import (code_fingerprint, git_state, package_versions, parse_data, parse_int_list,  # noqa: E402
+                           parse_shape, time_device)
+
+
+@click.command()
+@click.option("--shape", "shapes", multiple=True, help="Repeatable: evo2-1b, evo2-7b, evo2-40b or NxK. "
+              "Default: the three Evo 2 shapes.")
+@click.option("--M", "m_list", default="16,32,48,64,96,128,256", show_default=True, help="Comma list of M")
+@click.option("--data", default="gauss40", show_default=True, help="Comma list: gauss40, adversarial, ...")
+@click.option("--profile", default="hopper-h200-torch", show_default=True)
+@click.option("--window-s", default=0.2, show_default=True, type=float)
+@click.option("--windows", default=5, show_default=True, type=int)
+@click.option("--seed", default=1, show_default=True, type=int)
+@click.option("--out", "out_path", default="bench_tiled_geometry.json", show_default=True)
+def main(shapes, m_list, data, profile, window_s, windows, seed, out_path):
+    """Time both cuda-tiled geometries on the same GEMMs and compare their bits (writes JSON)."""
+    shape_list = [parse_shape(s) for s in (shapes or ("evo2-1b", "evo2-7b", "evo2-40b"))]
+    ms_ = parse_int_list(m_list, "--M")
+    data_list = parse_data(data)
+    if windows < 1 or window_s <= 0:
+        raise click.BadParameter("--windows >= 1 and --window-s > 0", param_hint="--windows")
+    try:
+        import cupy as cp
+
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA GPU")
+    except Exception as e:  # noqa: BLE001 - ImportError, or a cupy without a GPU
+        raise click.ClickException(f"needs cupy and a CUDA GPU ({type(e).__name__}: {e})") from None
+    from cpemu.cases import Case, operands
+    from cpemu.cuda import kernels
+    from cpemu.profile import get_profile
+
+    prof = get_profile(profile)
+    mode = prof.mode("tensorwise")
+    dev = cp.cuda.Device()
+    sms = int(dev.attributes["MultiProcessorCount"])
+    rec = {"tool": "tools/bench_tiled_geometry.py", "command_line": " ".join(shlex.quote(x) for x in sys.argv),
+           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "packages": package_versions(), "git": git_state(), "code": code_fingerprint(),
+           "device": {"name": cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(), "sm_count": sms},
+           "profile": profile, "geometries": {m: list(v) for m, v in kernels.TILED_VARIANTS.items()},
+           "timing": f"median of {windows} CUDA-event windows of >= {window_s} s (bench_kernels.time_device)",
+           "results": [], "failures": []}
+    stream = cp.cuda.Stream(non_blocking=True)
+    one = np.float32(1)
+    for label, N, K in shape_list:
+        for dlabel, kind in data_list:
+            for M in ms_:
+                a, bt, *_ = operands(Case(M, N, K, data=kind, seed=seed))
+                with stream:
+                    ad, btd = cp.asarray(a), cp.asarray(bt)
+                stream.synchronize()
+                plan = prof.plan(M, N, K, True, "tensorwise")
+                r = {"shape": label, "N": N, "K": K, "M": M, "data": dlabel, "splits": plan.splits,
+                     "picked": kernels.tiled_module_for(M, N, sms)}
+                sha = {}
+                for module in kernels.TILED_VARIANTS:
+                    def launch(module=module):
+                        return kernels.gemm_cuda("cuda-tiled", ad, btd, "e4m3", "e4m3", plan, prof.instruction,
+                                                 mode, one, one, None, "bfloat16", tiled_module=module)
+
+                    with stream:
+                        out, t = time_device(cp, stream, launch, window_s=window_s, windows=windows,
+                                             max_call_s=float("inf"), warmup_s=min(1.0, window_s))
+                        host = out.get(stream=stream)
+                    stream.synchronize()
+                    t.pop("span", None)
+                    t["tmac_s"] = M * N * K / (t["ms"] / 1e3) / 1e12
+                    sha[module] = hashlib.sha256(host.tobytes()).hexdigest()
+                    r[module] = dict(t, output_sha256=sha[module])
+                r["same_bits"] = len(set(sha.values())) == 1
+                first, second = kernels.TILED_VARIANTS
+                r["speedup_of_" + second] = r[first]["ms"] / r[second]["ms"]
+                rec["results"].append(r)
+                if not r["same_bits"]:
+                    rec["failures"].append(f"{label} {dlabel} M={M}: the geometries' outputs differ")
+                click.echo(f"{label:9s} {dlabel:11s} M={M:<5d} " + "  ".join(
+                    f"{m} {r[m]['ms']:8.3f} ms ({r[m]['tmac_s']:.2f} TMAC/s)" for m in kernels.TILED_VARIANTS)
+                    + f"  {second}: {r['speedup_of_' + second]:.2f}x  picked {r['picked']}  same bits {r['same_bits']}")
+                with open(out_path, "w") as f:
+                    json.dump(rec, f, indent=1)
+    with open(out_path, "w") as f:
+        json.dump(rec, f, indent=1)
+    click.echo(f"wrote {out_path}")
+    if rec["failures"]:
+        for msg in rec["failures"]:
+            click.echo(f"FAIL: {msg}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
