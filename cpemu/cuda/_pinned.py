@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "0de0a5f3b102d6f2d8ec6c802de294b46142ee398ad7495c63bdf15f726007be"
+MANIFEST_SHA256 = "ae2aca834b64d08b6d96c43028f6834a97bd6c923207a8e81fff6b2a2ab8aeac"
