@@ -1,4 +1,4 @@
-"""The arithmetic identities of the tiled CUDA kernel (cuda_src/gemm_tiled.cu), checked on the CPU.
+"""The arithmetic identities of the tiled CUDA kernel (cuda_src/cpemu_tiled.cuh), checked on the CPU.
 
 The kernel computes each T-FDPA step with two tricks that are not the reference's arithmetic:
 
