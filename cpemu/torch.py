@@ -459,9 +459,11 @@ def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum
         rt.memcpyAsync(mem.ptr, scale_a.data_ptr(), 4 * na, rt.memcpyDeviceToHost, stream)
         rt.memcpyAsync(mem.ptr + 4 * na, scale_b.data_ptr(), 4 * nb, rt.memcpyDeviceToHost, stream)
         rt.eventRecord(event, stream)
-        tc.launch(sig, index, stream, a_ptr, bt_ptr, out.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(),
-                  None if bias is None else bias.data_ptr())
-        rt.eventSynchronize(event)
+        try:
+            tc.launch(sig, index, stream, a_ptr, bt_ptr, out.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(),
+                      None if bias is None else bias.data_ptr())
+        finally:  # the copies into this thread's pinned buffer are done before it is used again
+            rt.eventSynchronize(event)
         _refuse_non_finite(host[:na], host[na:na + nb], prof)
     return out
 
