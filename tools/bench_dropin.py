@@ -24,7 +24,6 @@ the device, bf16 output, fast accumulation.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import shlex
@@ -36,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_kernels import (code_fingerprint, git_state, package_versions, parse_data, parse_int_list,  # noqa: E402
-                           parse_shape, time_device)
+                           finish, grid_options, parse_shape, time_device, write_json)
 
 
 def _time(cp, stream, fn, window_s: float, windows: int) -> dict:
@@ -90,11 +89,7 @@ def _point(rec, cp, stream, one, label, N, K, dlabel, kind, M, o):
 
 
 @click.command()
-@click.option("--shape", "shapes", multiple=True, help="Repeatable: evo2-1b, evo2-7b, evo2-40b or NxK. "
-              "Default: the three Evo 2 shapes.")
-@click.option("--M", "m_list", default="16,64,256,1024,2048,8192", show_default=True, help="Comma list of M")
-@click.option("--data", default="gauss40", show_default=True, help="Comma list: gauss40, adversarial, ...")
-@click.option("--profile", default="hopper-h200-torch", show_default=True)
+@grid_options("16,64,256,1024,2048,8192")
 @click.option("--backend", default="auto", show_default=True, help="cpemu backend ('auto': the ladder)")
 @click.option("--must-match/--no-must-match", default=None,
               help="Require the emulated bits to equal the native ones. Default: on for hopper-h200-torch "
@@ -145,15 +140,8 @@ def main(shapes, m_list, data, profile, backend, must_match, window_s, windows, 
             for dlabel, kind in data_list:
                 for M in ms_:
                     _point(rec, cp, stream, one, label, N, K, dlabel, kind, M, opts)
-                    with open(out_path, "w") as f:
-                        json.dump(rec, f, indent=1)
-    with open(out_path, "w") as f:
-        json.dump(rec, f, indent=1)
-    click.echo(f"wrote {out_path}")
-    if rec["failures"]:
-        for msg in rec["failures"]:
-            click.echo(f"FAIL: {msg}", err=True)
-        sys.exit(1)
+                    write_json(rec, out_path)
+    finish(rec, out_path)
 
 
 if __name__ == "__main__":

@@ -391,6 +391,44 @@ def _window_stats(kept: list[dict]) -> dict:
             "host_enqueue_ms_per_call": statistics.median(w["host_ms_per_call"] for w in kept)}
 
 
+def grid_options(m_default: str):
+    """The --shape, --M, --data and --profile options of the smaller benchmark tools
+    (bench_dropin, bench_tiled_geometry), parsed by parse_shape / parse_int_list / parse_data."""
+    opts = [click.option("--shape", "shapes", multiple=True, help="Repeatable: evo2-1b, evo2-7b, evo2-40b or NxK. "
+                         "Default: the three Evo 2 shapes."),
+            click.option("--M", "m_list", default=m_default, show_default=True, help="Comma list of M"),
+            click.option("--data", default="gauss40", show_default=True,
+                         help="Comma list: gauss40, adversarial, ..."),
+            click.option("--profile", default="hopper-h200-torch", show_default=True)]
+
+    def apply(f):
+        for opt in reversed(opts):  # click lists the outermost option first
+            f = opt(f)
+        return f
+
+    return apply
+
+
+def write_json(rec: dict, path: str) -> None:
+    """Write a record atomically: a temporary file beside ``path``, then a rename."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(rec, fh, indent=1, default=_json_default)
+    os.replace(tmp, path)
+
+
+def finish(rec: dict, path: str) -> None:
+    """The end of a benchmark tool: write the record, say where, and exit 1 after printing
+    its failures (``rec["failures"]``) if it has any."""
+    write_json(rec, path)
+    click.echo(f"wrote {path}")
+    if rec["failures"]:
+        for msg in rec["failures"]:
+            click.echo(f"FAIL: {msg}", err=True)
+        sys.exit(1)
+
+
 def time_device(cp, stream, launch, *, window_s: float, windows: int, max_call_s: float, warmup_s: float):
     """Event-timed windows of back-to-back ``launch()`` calls on ``stream``.
 
@@ -584,12 +622,7 @@ class Bench:
             self.rec["clock"]["error"] = self.sampler.error
         self.rec["failures"] = list(self.failures)
         self.rec["warnings"] = list(self.warnings)
-        d = os.path.dirname(os.path.abspath(self.out_path))
-        os.makedirs(d, exist_ok=True)
-        tmp = self.out_path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(self.rec, fh, indent=1, default=_json_default)
-        os.replace(tmp, self.out_path)
+        write_json(self.rec, self.out_path)
 
     def progress(self, label: str):
         el = time.perf_counter() - self.t_start

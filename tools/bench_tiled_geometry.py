@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
 import shlex
 import sys
@@ -26,15 +25,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_kernels import (code_fingerprint, git_state, package_versions, parse_data, parse_int_list,  # noqa: E402
-                           parse_shape, time_device)
+                           finish, grid_options, parse_shape, time_device, write_json)
 
 
 @click.command()
-@click.option("--shape", "shapes", multiple=True, help="Repeatable: evo2-1b, evo2-7b, evo2-40b or NxK. "
-              "Default: the three Evo 2 shapes.")
-@click.option("--M", "m_list", default="16,32,48,64,96,128,256", show_default=True, help="Comma list of M")
-@click.option("--data", default="gauss40", show_default=True, help="Comma list: gauss40, adversarial, ...")
-@click.option("--profile", default="hopper-h200-torch", show_default=True)
+@grid_options("16,32,48,64,96,128,256")
 @click.option("--window-s", default=0.2, show_default=True, type=float)
 @click.option("--windows", default=5, show_default=True, type=int)
 @click.option("--seed", default=1, show_default=True, type=int)
@@ -104,15 +99,8 @@ def main(shapes, m_list, data, profile, window_s, windows, seed, out_path):
                 click.echo(f"{label:9s} {dlabel:11s} M={M:<5d} " + "  ".join(
                     f"{m} {r[m]['ms']:8.3f} ms ({r[m]['tmac_s']:.2f} TMAC/s)" for m in kernels.TILED_VARIANTS)
                     + f"  {second}: {r['speedup_of_' + second]:.2f}x  picked {r['picked']}  same bits {r['same_bits']}")
-                with open(out_path, "w") as f:
-                    json.dump(rec, f, indent=1)
-    with open(out_path, "w") as f:
-        json.dump(rec, f, indent=1)
-    click.echo(f"wrote {out_path}")
-    if rec["failures"]:
-        for msg in rec["failures"]:
-            click.echo(f"FAIL: {msg}", err=True)
-        sys.exit(1)
+                write_json(rec, out_path)
+    finish(rec, out_path)
 
 
 if __name__ == "__main__":
