@@ -82,12 +82,16 @@ typedef unsigned long long cpt_u64;
 #define CPT_KT 32  // K elements per shared-memory stage: the largest L
 #define CPT_THREADS ((CPT_BM / CPT_TM) * (CPT_BN / CPT_TN))
 #define CPT_CHUNKS(rows) ((rows) * CPT_KT / 8)  // 8-byte chunks of codes per operand stage
+// chunks per thread (a thread past the last chunk loads none: CPT_HAS_CHUNK)
+#define CPT_LOADS(rows) ((CPT_CHUNKS(rows) + CPT_THREADS - 1) / CPT_THREADS)
+#define CPT_HAS_CHUNK(rows, c) (CPT_CHUNKS(rows) % CPT_THREADS == 0 || (c) < CPT_CHUNKS(rows))
 #define CPT_SENT (-256)                          // exponent of zero / NaN / Inf codes
 
 static_assert(CPT_TM % 2 == 0 && CPT_TN % 2 == 0, "outputs per thread: even (vector loads, DPX pairs)");
 static_assert(CPT_TM * CPT_TN <= 32, "the NaN/Inf classes of a thread's outputs fit 64 bits");
-static_assert(CPT_CHUNKS(CPT_BM) % CPT_THREADS == 0 && CPT_CHUNKS(CPT_BN) % CPT_THREADS == 0,
-              "every thread loads whole 8-byte chunks of both operands");
+static_assert((CPT_CHUNKS(CPT_BM) % CPT_THREADS == 0 || CPT_THREADS % CPT_CHUNKS(CPT_BM) == 0) &&
+                  (CPT_CHUNKS(CPT_BN) % CPT_THREADS == 0 || CPT_THREADS % CPT_CHUNKS(CPT_BN) == 0),
+              "the 8-byte chunks of a stage split evenly over the threads (or the threads over them)");
 
 
 // One K stage of one operand (R rows: CPT_BM of A, CPT_BN of B), transposed ([k][row]) so
@@ -156,14 +160,14 @@ __device__ __forceinline__ void cpt_build_luts(CptShared& sh, int a_fmt, int b_f
 // registers, 8-byte chunks; zeros outside (zero codes: zero products change nothing).
 template <int R>
 __device__ __forceinline__ void cpt_fetch(const cpt_u8* __restrict__ X, int rows, int K, int r0, int k, int ke,
-                                          uint2 (&raw)[CPT_CHUNKS(R) / CPT_THREADS]) {
+                                          uint2 (&raw)[CPT_LOADS(R)]) {
 #pragma unroll
-    for (int q = 0; q < CPT_CHUNKS(R) / CPT_THREADS; ++q) {
+    for (int q = 0; q < CPT_LOADS(R); ++q) {
         const int c = (int)threadIdx.x + q * CPT_THREADS;
         const int row = c % R, kc = c / R;
         const int kk = k + kc * 8, gr = r0 + row;
         uint2 v = make_uint2(0u, 0u);
-        if (gr < rows && kk < ke) v = __ldg((const uint2*)(X + (cpt_i64)gr * K + kk));
+        if (CPT_HAS_CHUNK(R, c) && gr < rows && kk < ke) v = __ldg((const uint2*)(X + (cpt_i64)gr * K + kk));
         raw[q] = v;
     }
 }
@@ -192,11 +196,12 @@ __device__ __forceinline__ cpt_u32 cpt_sign_nibble(cpt_u32 w) {
 // for pass 2, pass 1's operand (bf16 pairs when bf_emax, else exponents), and per row and
 // chunk the sign bits and a NaN/Inf flag (bytes of t.neg and t.flag).
 template <int R>
-__device__ __forceinline__ void cpt_store(CptTile<R>& t, const uint2 (&raw)[CPT_CHUNKS(R) / CPT_THREADS],
+__device__ __forceinline__ void cpt_store(CptTile<R>& t, const uint2 (&raw)[CPT_LOADS(R)],
                                           const uint2* lut, int is_e5m2, int bf_emax) {
 #pragma unroll
-    for (int q = 0; q < CPT_CHUNKS(R) / CPT_THREADS; ++q) {
+    for (int q = 0; q < CPT_LOADS(R); ++q) {
         const int c = (int)threadIdx.x + q * CPT_THREADS;
+        if (!CPT_HAS_CHUNK(R, c)) break;
         const int row = c % R, kc = c / R;
         cpt_u32 xe[8];
 #pragma unroll
@@ -628,7 +633,7 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
         for (int j = 0; j < CPT_TN; ++j) acc[i][j] = 0.0f;
     int cbad = 0;  // some accumulator of this thread may be NaN / Inf
 
-    uint2 ra[CPT_CHUNKS(CPT_BM) / CPT_THREADS], rb[CPT_CHUNKS(CPT_BN) / CPT_THREADS];
+    uint2 ra[CPT_LOADS(CPT_BM)], rb[CPT_LOADS(CPT_BN)];
     int s = 0, k = slices[0];
     {
         const int ke = cpt_step_end(slices, 0, k, promotion, L);

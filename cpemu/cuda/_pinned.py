@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "ae2aca834b64d08b6d96c43028f6834a97bd6c923207a8e81fff6b2a2ab8aeac"
+MANIFEST_SHA256 = "d0f6807f6970e2f100fbd7dc537b3b7cc253ad4d2c7620a0057e4170b7b0d5f9"
