@@ -306,13 +306,23 @@ def _scale(x, name: str, cupy, device: int, size: int, what: str):
 
 def _workspace(cupy, device: int, stream: int, nbytes: int):
     """cuBLASLt's workspace for calls on ``stream``: one buffer per (device, stream), grown
-    when needed and reused (calls on one stream run in order, as torch does per stream)."""
+    when needed and reused (calls on one stream run in order, as torch does per stream).
+
+    The buffer comes from cupy's pool on cupy's current stream, which need not be ``stream``
+    (the torch drop-in launches on torch's stream): a buffer is therefore dropped only after
+    the work that may still use it is done (the stream, or the device when its buffers
+    are cleared), never returned to the pool under a running GEMM."""
     key = (device, stream)
     ws = _state.setdefault("workspaces", {})
     buf = ws.get(key)
     if buf is None or buf.size < nbytes:
-        if len(ws) > 64:
-            ws.clear()
+        if buf is not None:
+            cupy.cuda.runtime.streamSynchronize(stream)
+        mine = [k for k in ws if k[0] == device]
+        if len(mine) > 64:  # bounded: this device's buffers go, once its work is done
+            cupy.cuda.runtime.deviceSynchronize()
+            for k in mine:
+                del ws[k]
         buf = ws[key] = cupy.empty(nbytes, dtype=cupy.uint8)
     return buf
 
