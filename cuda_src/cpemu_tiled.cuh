@@ -71,6 +71,9 @@ typedef unsigned long long cpt_u64;
     !defined(CPT_SMEM_BYTES)
 #error "the including file sets CPT_BM, CPT_BN, CPT_TM, CPT_TN, CPT_MINBLOCKS and CPT_SMEM_BYTES"
 #endif
+#ifndef CPT_PROBE_MMA
+#define CPT_PROBE_MMA 0  // measurement builds only: bf16 mma.sync instructions issued per step, results unused
+#endif
 #ifndef CPT_SUM_UNROLL
 #define CPT_SUM_UNROLL 1  // unrolling of pass 2's loop (fast path), in pairs of K elements
 #endif
@@ -704,6 +707,21 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
         int em[CPT_TM][CPT_TN];
         if (bf_emax) {
             cpt_emax_bf16(st, ty, tx, klen, acc, em);
+#if CPT_PROBE_MMA > 0
+            {  // the cost of issuing tensor-core instructions at all (benchmarks/README.md, "Pass 1 on the
+               // tensor cores"): CPT_PROBE_MMA MMAs of operands that are 0 at run time, whose result
+               // changes nothing
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const cpt_u32 z = (cpt_u32)klen >> 20;
+#pragma unroll
+                for (int r = 0; r < CPT_PROBE_MMA; ++r)
+                    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                                 "{%4, %4, %4, %4}, {%4, %4}, {%0, %1, %2, %3};"
+                                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                                 : "r"(z));
+                if (__float_as_uint(d[0]) == 0x7F7FFFFFu) acc[0][0] = 1.0f;  // never: keeps the MMAs
+            }
+#endif
         } else {
             cpt_emax(st, ty, tx, klen, acc, em);
         }

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "d0f6807f6970e2f100fbd7dc537b3b7cc253ad4d2c7620a0057e4170b7b0d5f9"
+MANIFEST_SHA256 = "df9366f238bbeaf94a97e88bc4c50662e6d5df0f92bb451c9169a0bf44e2bdd2"
