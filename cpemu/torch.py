@@ -92,7 +92,24 @@ def _round_up(a: int, b: int) -> int:
 
 def _non_overlapping_and_dense(t) -> bool:
     """c10's ``compute_non_overlapping_and_dense`` for a tensor of any rank."""
-    sizes, strides = list(t.shape), list(t.stride())
+    sizes, strides = t.shape, t.stride()
+    if len(sizes) == 2:
+        return _dense_2d(sizes[0], sizes[1], strides[0], strides[1])
+    return _dense_any(list(sizes), list(strides))
+
+
+def _dense_2d(s0: int, s1: int, t0: int, t1: int) -> bool:
+    """:func:`_dense_any` for rank 2, without the sort (the drop-in's per-call path)."""
+    if s0 < 2:
+        return s1 < 2 or t1 == 1
+    if s1 < 2:
+        return t0 == 1
+    if t1 < t0:  # dims sorted by stride (stable): the inner one must have stride 1, the outer its size
+        return t1 == 1 and t0 == s1
+    return t0 == 1 and t1 == s0
+
+
+def _dense_any(sizes: list, strides: list) -> bool:
     if len(sizes) == 1:
         return sizes[0] < 2 or strides[0] == 1
     perm = sorted(range(len(sizes)), key=lambda d: (sizes[d] < 2, strides[d] if sizes[d] >= 2 else 0))
@@ -164,6 +181,10 @@ _JOINT = (("TensorWise", "TensorWise"), ("RowWise", "RowWise"), ("BlockWise128x1
 
 
 def _joint_scaling(a, b, sa, sb):
+    # TensorWise x TensorWise first, as in the loop below, without its transposes (dtype and
+    # numel do not change under .t(), which never raises for at most 2 dimensions)
+    if sb.dim() <= 2 and _is_tensorwise(a, sa) and _is_tensorwise(b, sb):
+        return "TensorWise", "TensorWise"
     for lhs, rhs in _JOINT:
         sb_check = sb if rhs in ("BlockWise1x16", "BlockWise1x32") else sb.t()
         if _SCALINGS[lhs](a, sa) and _SCALINGS[rhs](b.t(), sb_check):
@@ -377,6 +398,17 @@ def _cupy_stream(cupy, stream, device_index: int):
         return cupy.cuda.ExternalStream(stream.cuda_stream, device_index)
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream_ptr(device) -> int:
+    """The ``cudaStream_t`` of torch's current stream on ``device`` (torch's C accessor when the
+    build has it, as torch's compiled code uses it; else ``torch.cuda.current_stream``)."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 class _ScaleProbe(threading.local):
     """Per thread and device: a pinned host buffer and an event, to read the scales in
     stream order without waiting for the GPU before the GEMM is queued."""
@@ -444,12 +476,11 @@ def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum
             bias = bias.contiguous()
         # tensorwise: one float32 each; rowwise: contiguous (M, 1) and (1, N) (torch's checks)
         na, nb = (M, N) if rowwise else (1, 1)
-        torch_stream = torch.cuda.current_stream(a.device)
-        stream = torch_stream.cuda_stream
+        stream = _current_stream_ptr(a.device)
         if sig.ada:  # 16 real and 16 zero products per Hopper step (tensorcore module docstring)
             a_pad = torch.empty((M, 2 * K), dtype=torch.uint8, device=a.device)
             b_pad = torch.empty((N, 2 * K), dtype=torch.uint8, device=a.device)
-            with _cupy_stream(cupy, torch_stream, index):
+            with _cupy_stream(cupy, torch.cuda.current_stream(a.device), index):
                 tc.pad_k16_pointers(index, a_ptr, a_pad.data_ptr(), M, K)
                 tc.pad_k16_pointers(index, bt_ptr, b_pad.data_ptr(), N, K)
             a_ptr, bt_ptr = a_pad.data_ptr(), b_pad.data_ptr()

@@ -17,6 +17,7 @@ Skipped without torch (a CPU build is enough).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -104,6 +105,48 @@ def test_dropin_matches_h200(rec):
     assert y.dtype == out_dtype and y.device == a.device and list(y.shape) == rec["output_shape"]
     assert y.is_contiguous()
     assert sha256_arrays(out_bits(y)) == rec["output_sha256"], rec["id"]
+
+
+def test_layout_rule_matches_torch():
+    """c10's non-overlapping-and-dense test (which decides what ``_scaled_mm`` accepts): the
+    drop-in's rank-2 shortcut agrees with its general form and, on every small non-empty 2-D
+    layout, with torch's own Python version (``torch._prims_common``; for rank 3 that one sorts
+    size-1 dimensions by stride, unlike c10, so it is no reference there)."""
+    ref = getattr(torch._prims_common, "is_non_overlapping_and_dense_or_false", None)
+    if ref is None:
+        pytest.skip("this torch has no torch._prims_common.is_non_overlapping_and_dense_or_false")
+    # torch's flag also holds for every contiguous tensor, which differs from c10's computed
+    # rule only for empty ones; the drop-in returns before its layout test when M, N or K is 0
+    base = torch.empty(512)
+    for s0, s1, t0, t1 in itertools.product(range(4), range(4), range(8), range(8)):
+        t = base.as_strided((s0, s1), (t0, t1))
+        assert ct._dense_2d(s0, s1, t0, t1) == ct._dense_any([s0, s1], [t0, t1]), (s0, s1, t0, t1)
+        if t.numel():
+            assert ct._non_overlapping_and_dense(t) == bool(ref(t)), (s0, s1, t0, t1)
+
+
+@pytest.mark.parametrize("sb_shape", [(), (1,), (1, 1), (1, 1, 1), (2,), (1, 32)])
+def test_tensorwise_shortcut_is_the_joint_rule(sb_shape):
+    """``_joint_scaling`` answers TensorWise x TensorWise without transposing; the outcome
+    (the pair, or the exception with its message) is the one of ATen's loop over the pairs."""
+    a = torch.zeros((16, 32), dtype=F8)
+    b = torch.zeros((32, 32), dtype=F8).t().contiguous().t()
+    sa, sb = torch.ones(()), torch.ones(sb_shape)
+
+    def loop():  # the rule without the shortcut: ATen's order of the pairs
+        for lhs, rhs in ct._JOINT:
+            sb_check = sb if rhs in ("BlockWise1x16", "BlockWise1x32") else sb.t()
+            if ct._SCALINGS[lhs](a, sa) and ct._SCALINGS[rhs](b.t(), sb_check):
+                return lhs, rhs
+        raise RuntimeError("Invalid scaling configuration.")
+
+    def outcome(f):
+        try:
+            return f()
+        except RuntimeError as e:
+            return type(e), str(e).split("\n")[0]
+
+    assert outcome(lambda: ct._joint_scaling(a, b, sa, sb)) == outcome(loop)
 
 
 def test_dropin_positional_and_strided_operands():
