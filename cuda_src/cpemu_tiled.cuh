@@ -708,9 +708,9 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
         if (bf_emax) {
             cpt_emax_bf16(st, ty, tx, klen, acc, em);
 #if CPT_PROBE_MMA > 0
-            {  // the cost of issuing tensor-core instructions at all (benchmarks/README.md, "Pass 1 on the
-               // tensor cores"): CPT_PROBE_MMA MMAs of operands that are 0 at run time, whose result
-               // changes nothing
+            {  // the cost of issuing tensor-core instructions at all (benchmarks/README.md, "Any
+               // tensor-core instruction lowers the SM clock"): CPT_PROBE_MMA MMAs of operands that
+               // are 0 at run time, whose result changes nothing
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 const cpt_u32 z = (cpt_u32)klen >> 20;
 #pragma unroll

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "df9366f238bbeaf94a97e88bc4c50662e6d5df0f92bb451c9169a0bf44e2bdd2"
+MANIFEST_SHA256 = "3fcf3b4444810eb1d61931fd293f477952ccaf7dd7720e1f7c533fc902212966"
