@@ -465,10 +465,7 @@ def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum
                                bias is not None, out_name, use_fast_accum)
         except tc.TensorCoreUnsupported:
             return None
-        if a.stride(1) != 1 or a.stride(0) != K:
-            a = a.contiguous()
-        if b.stride(0) != 1 or b.stride(1) != K:
-            b = b.t().contiguous().t()
+        a, b = _dense_operands(a, b)
         a_ptr, bt_ptr = a.data_ptr(), b.data_ptr()
         if a_ptr % 256 or bt_ptr % 256:  # the configured algorithms assume 256-byte aligned operands
             return None
@@ -499,19 +496,24 @@ def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum
     return out
 
 
-def _gemm_on_device(a, b, sa, sb, np_bias, prof, out_dt, use_fast_accum, backend):
-    """The GEMM of CUDA tensors where they are: the FP8 codes and the result are shared with
-    cupy through the CUDA array interface (no copy), on torch's current stream of the
-    operands' device.
-
-    ``a`` row-major and ``b`` column-major with padded leading dimensions (which torch accepts)
-    are first made dense on the device."""
-    cupy = _cupy()
-    device = a.device
+def _dense_operands(a, b):
+    """``a`` row-major and ``b`` column-major with padded leading dimensions (which torch
+    accepts), made dense on the device: a (M, K) C-contiguous, b the transpose of a
+    C-contiguous (N, K)."""
     if a.stride(1) != 1 or a.stride(0) != a.shape[1]:
         a = a.contiguous()
     if b.stride(0) != 1 or b.stride(1) != b.shape[0]:
         b = b.t().contiguous().t()
+    return a, b
+
+
+def _gemm_on_device(a, b, sa, sb, np_bias, prof, out_dt, use_fast_accum, backend):
+    """The GEMM of CUDA tensors where they are: the FP8 codes and the result are shared with
+    cupy through the CUDA array interface (no copy), on torch's current stream of the
+    operands' device (padded operands made dense first, :func:`_dense_operands`)."""
+    cupy = _cupy()
+    device = a.device
+    a, b = _dense_operands(a, b)
     stream = _cupy_stream(cupy, torch.cuda.current_stream(device), device.index)
     with cupy.cuda.Device(device.index), stream:
         a_codes = cupy.asarray(a.detach().view(torch.uint8))

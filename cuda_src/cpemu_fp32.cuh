@@ -17,42 +17,26 @@
 #define CPEMU_EP_ACC_SA_SB 1  // (acc * sa) * sb
 #define CPEMU_EP_ACC_SB_SA 2  // (acc * sb) * sa
 
-__device__ __forceinline__ float cpemu_fmul_rn(float a, float b) {
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-__device__ __forceinline__ float cpemu_fadd_rn(float a, float b) {
-    float r;
-    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-__device__ __forceinline__ float cpemu_fsub_rn(float a, float b) {
-    float r;
-    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-__device__ __forceinline__ float cpemu_fadd_rz(float a, float b) {
-    float r;
-    asm("add.rz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-// a * b + c computed exactly, rounded once to nearest even / toward zero
-__device__ __forceinline__ float cpemu_fma_rn(float a, float b, float c) {
-    float r;
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
-    return r;
-}
-
-__device__ __forceinline__ float cpemu_fma_rz(float a, float b, float c) {
-    float r;
-    asm("fma.rz.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
-    return r;
-}
+// One FP32 PTX instruction each, its rounding in its name (rn: to nearest even, rz: toward
+// zero); fma: a * b + c computed exactly and rounded once.
+#define CPEMU_PTX_F32_2(name, insn)                                                  \
+    __device__ __forceinline__ float name(float a, float b) {                        \
+        float r;                                                                     \
+        asm(insn " %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));                         \
+        return r;                                                                    \
+    }
+#define CPEMU_PTX_F32_3(name, insn)                                                  \
+    __device__ __forceinline__ float name(float a, float b, float c) {               \
+        float r;                                                                     \
+        asm(insn " %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));             \
+        return r;                                                                    \
+    }
+CPEMU_PTX_F32_2(cpemu_fmul_rn, "mul.rn.f32")
+CPEMU_PTX_F32_2(cpemu_fadd_rn, "add.rn.f32")
+CPEMU_PTX_F32_2(cpemu_fsub_rn, "sub.rn.f32")
+CPEMU_PTX_F32_2(cpemu_fadd_rz, "add.rz.f32")
+CPEMU_PTX_F32_3(cpemu_fma_rn, "fma.rn.f32")
+CPEMU_PTX_F32_3(cpemu_fma_rz, "fma.rz.f32")
 
 // reference.epilogue for one output: scales in the profile's order (FP32 RN products),
 // then + bias with one FP32 RN add.

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "3fcf3b4444810eb1d61931fd293f477952ccaf7dd7720e1f7c533fc902212966"
+MANIFEST_SHA256 = "b71930be7323afe38dc06eb583c4ce4b845c9b19cfba503c64c4aced5c1069d6"
