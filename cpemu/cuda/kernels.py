@@ -361,7 +361,8 @@ def tiled_module_for(M: int, N: int, sm_count: int) -> str:
     SMs: the small-M one for M <= TILED_SMALL_M_MAX, and wherever 64 x 64 blocks would not
     give every SM one (on an H200: 1.1-2.7x faster there, slower elsewhere; benchmarks/README.md).
     The bits are the same on either."""
-    if M <= TILED_SMALL_M_MAX or -(-M // 64) * -(-N // 64) < sm_count:
+    _, bm, bn = TILED_VARIANTS["gemm_tiled"][:3]
+    if M <= TILED_SMALL_M_MAX or -(-M // bm) * -(-N // bn) < sm_count:
         return "gemm_tiled_small_m"
     return "gemm_tiled"
 
