@@ -52,6 +52,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cp is None, reason=_REASON or 
 if cp is not None:
     from cpemu.cuda.kernels import as_numpy
     from cpemu.cuda.kernels import gemm_cuda as _gemm_cuda
+#: a tuning build of the tiled kernel under test: ``CPEMU_TEST_TILED_DEFINES="NAME=VALUE ..."``
+#: compiles cuda-tiled from cuda_src with those -D options (kernels.gemm_cuda's ``defines``)
+TILED_DEFINES = tuple(os.environ.get("CPEMU_TEST_TILED_DEFINES", "").split())
 #: the kernel families, and the tiled kernel forced onto each of its geometries
 #: ("family:module"; plain "cuda-tiled" picks the geometry by M)
 FAMILIES = ("cuda-simple", "cuda-tiled", "cuda-tiled:gemm_tiled", "cuda-tiled:gemm_tiled_small_m")
@@ -64,6 +67,8 @@ def gemm_cuda(*args, **kw):
     name, _, module = family.partition(":")
     if module:
         kw.setdefault("tiled_module", module)
+    if name == "cuda-tiled" and TILED_DEFINES:
+        kw.setdefault("defines", TILED_DEFINES)
     return _gemm_cuda(name, *(args if by_name else args[1:]), **kw)
 
 TRUTH = os.path.join(os.path.dirname(__file__), "data", "h200")
