@@ -344,7 +344,10 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
                                   f"only tensorwise and rowwise scaling")
     if device.type == "meta":  # shape propagation only
         return torch.empty((M, N), dtype=out_dt, device=device)
-    if device.type == "cuda" and backend in ("auto", _TENSOR_CORE) and _cupy() is not None:
+    on_device = device.type == "cuda" and _cupy() is not None
+    if on_device:  # both device paths take dense operands: made so once (a copy only if padded)
+        a, b = _dense_operands(a, b)
+    if on_device and backend in ("auto", _TENSOR_CORE):
         y = _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, backend,
                               scaling[0] == "RowWise")
         if y is not None:
@@ -362,7 +365,7 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     if bias is not None:
         bits = _host_numpy(bias.reshape(-1).view(torch.int16))
         np_bias = bits.view(ml_dtypes.bfloat16 if bias.dtype == torch.bfloat16 else np.float16)
-    if device.type == "cuda" and _cupy() is not None:
+    if on_device:
         return _gemm_on_device(a, b, sa, sb, np_bias, prof, out_dt, use_fast_accum, backend)
     y = gemm(_fp8_numpy(a), _fp8_numpy(b), profile=prof, scale_a=sa, scale_b=sb, bias=np_bias,
              out_dtype=_OUT[out_dt], fast_accum=use_fast_accum, backend=backend)
@@ -438,7 +441,8 @@ def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum
     current stream, with the profile's plan, when the backend ladder picks ``cublaslt-tc``
     for this profile on this device (for the Ada profile after the zero-padding kernel). None
     when it does not apply (another backend, a call the path declines, operands not 256-byte
-    aligned): the general path then computes the call.
+    aligned): the general path then computes the call. ``a`` and ``b`` are dense
+    (:func:`_dense_operands`).
 
     Non-finite scales are refused as on the general path, but without waiting for the GPU
     before the GEMM is queued: the scales are copied, in stream order, to pinned host memory
@@ -465,7 +469,6 @@ def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum
                                bias is not None, out_name, use_fast_accum)
         except tc.TensorCoreUnsupported:
             return None
-        a, b = _dense_operands(a, b)
         a_ptr, bt_ptr = a.data_ptr(), b.data_ptr()
         if a_ptr % 256 or bt_ptr % 256:  # the configured algorithms assume 256-byte aligned operands
             return None
@@ -510,10 +513,9 @@ def _dense_operands(a, b):
 def _gemm_on_device(a, b, sa, sb, np_bias, prof, out_dt, use_fast_accum, backend):
     """The GEMM of CUDA tensors where they are: the FP8 codes and the result are shared with
     cupy through the CUDA array interface (no copy), on torch's current stream of the
-    operands' device (padded operands made dense first, :func:`_dense_operands`)."""
+    operands' device; ``a`` and ``b`` are dense already (:func:`_dense_operands`)."""
     cupy = _cupy()
     device = a.device
-    a, b = _dense_operands(a, b)
     stream = _cupy_stream(cupy, torch.cuda.current_stream(device), device.index)
     with cupy.cuda.Device(device.index), stream:
         a_codes = cupy.asarray(a.detach().view(torch.uint8))
