@@ -23,10 +23,8 @@ the device, bf16 output, fast accumulation.
 
 from __future__ import annotations
 
-import datetime
 import os
 import platform
-import shlex
 import sys
 
 import click
@@ -34,8 +32,8 @@ import click
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_kernels import (code_fingerprint, git_state, package_versions, parse_data, parse_int_list,  # noqa: E402
-                           finish, grid_options, parse_shape, time_device, write_json)
+from bench_kernels import (finish, grid_options, parse_data, parse_int_list, parse_shape,  # noqa: E402
+                           record_header, time_device, write_json)
 
 
 def _time(cp, stream, fn, window_s: float, windows: int) -> dict:
@@ -117,10 +115,7 @@ def main(shapes, m_list, data, profile, backend, must_match, window_s, windows, 
     cc = torch.cuda.get_device_capability()
     if must_match is None:
         must_match = profile == "hopper-h200-torch" and cc == (9, 0)
-    rec = {"tool": "tools/bench_dropin.py", "command_line": " ".join(shlex.quote(x) for x in sys.argv),
-           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "host": platform.node(), "packages": package_versions(), "git": git_state(),
-           "code": code_fingerprint(),
+    rec = {**record_header("tools/bench_dropin.py"), "host": platform.node(),
            "device": {"name": torch.cuda.get_device_name(), "compute_capability": list(cc),
                       "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
                       "torch": torch.__version__, "torch_cuda": torch.version.cuda},

@@ -231,6 +231,13 @@ def code_fingerprint(root: str | None = None) -> dict:
     return {"sha256": h.hexdigest(), "files": len(paths), "globs": list(CODE_GLOBS)}
 
 
+def record_header(tool: str) -> dict:
+    """The first fields of a smaller benchmark tool's record (bench_dropin, bench_tiled_geometry):
+    the tool, its command line, the start time, and what identifies the code and packages."""
+    return {"tool": tool, "command_line": " ".join(shlex.quote(x) for x in sys.argv), "started_utc": _utc(),
+            "packages": package_versions(), "git": git_state(), "code": code_fingerprint()}
+
+
 def _reference_threads():
     from cpemu import reference
 

@@ -12,10 +12,8 @@ record also says which one ``tiled_module_for`` picks on this GPU.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import os
-import shlex
 import sys
 
 import click
@@ -24,8 +22,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_kernels import (code_fingerprint, git_state, package_versions, parse_data, parse_int_list,  # noqa: E402
-                           finish, grid_options, parse_shape, time_device, write_json)
+from bench_kernels import (finish, grid_options, parse_data, parse_int_list, parse_shape,  # noqa: E402
+                           record_header, time_device, write_json)
 
 
 @click.command()
@@ -56,9 +54,7 @@ def main(shapes, m_list, data, profile, window_s, windows, seed, out_path):
     mode = prof.mode("tensorwise")
     dev = cp.cuda.Device()
     sms = int(dev.attributes["MultiProcessorCount"])
-    rec = {"tool": "tools/bench_tiled_geometry.py", "command_line": " ".join(shlex.quote(x) for x in sys.argv),
-           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "packages": package_versions(), "git": git_state(), "code": code_fingerprint(),
+    rec = {**record_header("tools/bench_tiled_geometry.py"),
            "device": {"name": cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(), "sm_count": sms},
            "profile": profile, "geometries": {m: list(v) for m, v in kernels.TILED_VARIANTS.items()},
            "timing": f"median of {windows} CUDA-event windows of >= {window_s} s (bench_kernels.time_device)",
