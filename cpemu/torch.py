@@ -181,10 +181,16 @@ _JOINT = (("TensorWise", "TensorWise"), ("RowWise", "RowWise"), ("BlockWise128x1
 
 
 def _joint_scaling(a, b, sa, sb):
-    # TensorWise x TensorWise first, as in the loop below, without its transposes (dtype and
-    # numel do not change under .t(), which never raises for at most 2 dimensions)
+    # TensorWise x TensorWise first, as in ATen's loop (_joint_scaling_by_pairs), without its
+    # transposes (dtype and numel do not change under .t(), which never raises for at most 2
+    # dimensions)
     if sb.dim() <= 2 and _is_tensorwise(a, sa) and _is_tensorwise(b, sb):
         return "TensorWise", "TensorWise"
+    return _joint_scaling_by_pairs(a, b, sa, sb)
+
+
+def _joint_scaling_by_pairs(a, b, sa, sb):
+    """ATen's loop over the scaling pairs, in its order: the first pair both operands satisfy."""
     for lhs, rhs in _JOINT:
         sb_check = sb if rhs in ("BlockWise1x16", "BlockWise1x32") else sb.t()
         if _SCALINGS[lhs](a, sa) and _SCALINGS[rhs](b.t(), sb_check):

@@ -133,20 +133,14 @@ def test_tensorwise_shortcut_is_the_joint_rule(sb_shape):
     b = torch.zeros((32, 32), dtype=F8).t().contiguous().t()
     sa, sb = torch.ones(()), torch.ones(sb_shape)
 
-    def loop():  # the rule without the shortcut: ATen's order of the pairs
-        for lhs, rhs in ct._JOINT:
-            sb_check = sb if rhs in ("BlockWise1x16", "BlockWise1x32") else sb.t()
-            if ct._SCALINGS[lhs](a, sa) and ct._SCALINGS[rhs](b.t(), sb_check):
-                return lhs, rhs
-        raise RuntimeError("Invalid scaling configuration.")
-
     def outcome(f):
         try:
             return f()
         except RuntimeError as e:
             return type(e), str(e).split("\n")[0]
 
-    assert outcome(lambda: ct._joint_scaling(a, b, sa, sb)) == outcome(loop)
+    # the rule without the shortcut: ATen's loop over the pairs
+    assert outcome(lambda: ct._joint_scaling(a, b, sa, sb)) == outcome(lambda: ct._joint_scaling_by_pairs(a, b, sa, sb))
 
 
 def test_dropin_positional_and_strided_operands():
