@@ -33,6 +33,7 @@ and for checking numerics).
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import warnings
 
@@ -380,9 +381,13 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
 
 def _refuse_non_finite(sa: np.ndarray, sb: np.ndarray, prof) -> None:
     if not (np.isfinite(sa).all() and np.isfinite(sb).all()):
-        raise ProfileFeatureError(
-            f"non-finite scale: torch accepts it, but profile {prof.name!r} does not record what the GPU "
-            f"computes with an infinite or NaN scale, so cpemu refuses it")
+        raise _non_finite_error(prof)
+
+
+def _non_finite_error(prof) -> ProfileFeatureError:
+    return ProfileFeatureError(
+        f"non-finite scale: torch accepts it, but profile {prof.name!r} does not record what the GPU "
+        f"computes with an infinite or NaN scale, so cpemu refuses it")
 
 
 def _cupy():
@@ -439,6 +444,35 @@ class _ScaleProbe(threading.local):
 
 _probe = _ScaleProbe()
 _TENSOR_CORE = "cublaslt-tc"
+_tc_signatures: dict = {}  # _tc_signature's decisions, per call signature
+
+
+def _tc_signature(prof, backend, index, M, N, K, fa, fb, out_name, scaling, bias_name, fast):
+    """The prepared cuBLASLt signature of a drop-in call on device ``index`` (current), or None
+    when the backend ladder does not pick ``cublaslt-tc`` for ``prof`` or the path declines the
+    call. Decided once per call signature: the ladder's choice, the profile's features, its plan
+    and the prepared signature are fixed for a process. A call the profile refuses is not
+    remembered and raises every time."""
+    key = (id(prof), backend, index, M, N, K, fa, fb, out_name, scaling, bias_name, fast)
+    hit = _tc_signatures.get(key)
+    if hit is not None:  # (the profile itself, kept alive so that its id is not reused; the decision)
+        return hit[1]
+    from . import backends
+    from .cuda import tensorcore as tc
+
+    sig = None
+    if backends.select(backend, prof) == _TENSOR_CORE:
+        prof.check_features(fa, fb, out_name, scaling, bias_name)
+        plan = prof.plan(M, N, K, fast, scaling, fa, fb, out_name)
+        try:
+            sig = tc.signature(index, M, N, K, fa, fb, plan, prof.instruction, prof.mode(scaling), scaling,
+                               bias_name is not None, out_name, fast)
+        except tc.TensorCoreUnsupported:
+            sig = None
+    if len(_tc_signatures) > 4096:
+        _tc_signatures.clear()
+    _tc_signatures[key] = (prof, sig)
+    return sig
 
 
 def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, backend, rowwise: bool):
@@ -455,53 +489,58 @@ def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum
     just before the GEMM, and the call waits only for that copy (the previous work on the
     stream) before it checks them. A refused call raises; its output, never returned, is
     dropped."""
-    from . import backends
-    from .cuda import tensorcore as tc
-
     cupy = _cupy()
     index = a.device.index
+    if cupy.cuda.runtime.getDevice() == index:  # already current: no device switch
+        return _tensor_core_call_on(cupy, index, a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum,
+                                    backend, rowwise)
+    with cupy.cuda.Device(index):
+        return _tensor_core_call_on(cupy, index, a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum,
+                                    backend, rowwise)
+
+
+def _tensor_core_call_on(cupy, index, a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, backend, rowwise):
+    """:func:`_tensor_core_call` with device ``index`` current."""
+    from .cuda import tensorcore as tc
+
     M, K = a.shape
     N = b.shape[1]
-    fa, fb, out_name = _FP8[a.dtype][1], _FP8[b.dtype][1], _OUT[out_dt]
-    scaling = "rowwise" if rowwise else "tensorwise"
-    with cupy.cuda.Device(index):
-        if backends.select(backend, prof) != _TENSOR_CORE:
-            return None
-        prof.check_features(fa, fb, out_name, scaling,
-                            None if bias is None else ("bfloat16" if bias.dtype == torch.bfloat16 else "float16"))
-        plan = prof.plan(M, N, K, use_fast_accum, scaling, fa, fb, out_name)
-        try:
-            sig = tc.signature(index, M, N, K, fa, fb, plan, prof.instruction, prof.mode(scaling), scaling,
-                               bias is not None, out_name, use_fast_accum)
-        except tc.TensorCoreUnsupported:
-            return None
-        a_ptr, bt_ptr = a.data_ptr(), b.data_ptr()
-        if a_ptr % 256 or bt_ptr % 256:  # the configured algorithms assume 256-byte aligned operands
-            return None
-        if bias is not None and bias.stride(0) != 1:
-            bias = bias.contiguous()
-        # tensorwise: one float32 each; rowwise: contiguous (M, 1) and (1, N) (torch's checks)
-        na, nb = (M, N) if rowwise else (1, 1)
-        stream = _current_stream_ptr(a.device)
-        if sig.ada:  # 16 real and 16 zero products per Hopper step (tensorcore module docstring)
-            a_pad = torch.empty((M, 2 * K), dtype=torch.uint8, device=a.device)
-            b_pad = torch.empty((N, 2 * K), dtype=torch.uint8, device=a.device)
-            with _cupy_stream(cupy, torch.cuda.current_stream(a.device), index):
-                tc.pad_k16_pointers(index, a_ptr, a_pad.data_ptr(), M, K)
-                tc.pad_k16_pointers(index, bt_ptr, b_pad.data_ptr(), N, K)
-            a_ptr, bt_ptr = a_pad.data_ptr(), b_pad.data_ptr()
-        out = torch.empty((M, N), dtype=out_dt, device=a.device)
-        mem, host, event = _probe.get(cupy, index, na + nb)
-        rt = cupy.cuda.runtime
-        rt.memcpyAsync(mem.ptr, scale_a.data_ptr(), 4 * na, rt.memcpyDeviceToHost, stream)
-        rt.memcpyAsync(mem.ptr + 4 * na, scale_b.data_ptr(), 4 * nb, rt.memcpyDeviceToHost, stream)
-        rt.eventRecord(event, stream)
-        try:
-            tc.launch(sig, index, stream, a_ptr, bt_ptr, out.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(),
-                      None if bias is None else bias.data_ptr())
-        finally:  # the copies into this thread's pinned buffer are done before it is used again
-            rt.eventSynchronize(event)
+    sig = _tc_signature(prof, backend, index, M, N, K, _FP8[a.dtype][1], _FP8[b.dtype][1], _OUT[out_dt],
+                        "rowwise" if rowwise else "tensorwise",
+                        None if bias is None else ("bfloat16" if bias.dtype == torch.bfloat16 else "float16"),
+                        use_fast_accum)
+    if sig is None:
+        return None
+    a_ptr, bt_ptr = a.data_ptr(), b.data_ptr()
+    if a_ptr % 256 or bt_ptr % 256:  # the configured algorithms assume 256-byte aligned operands
+        return None
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    # tensorwise: one float32 each; rowwise: contiguous (M, 1) and (1, N) (torch's checks)
+    na, nb = (M, N) if rowwise else (1, 1)
+    stream = _current_stream_ptr(a.device)
+    if sig.ada:  # 16 real and 16 zero products per Hopper step (tensorcore module docstring)
+        a_pad = torch.empty((M, 2 * K), dtype=torch.uint8, device=a.device)
+        b_pad = torch.empty((N, 2 * K), dtype=torch.uint8, device=a.device)
+        with _cupy_stream(cupy, torch.cuda.current_stream(a.device), index):
+            tc.pad_k16_pointers(index, a_ptr, a_pad.data_ptr(), M, K)
+            tc.pad_k16_pointers(index, bt_ptr, b_pad.data_ptr(), N, K)
+        a_ptr, bt_ptr = a_pad.data_ptr(), b_pad.data_ptr()
+    out = a.new_empty((M, N), dtype=out_dt)
+    mem, host, event = _probe.get(cupy, index, na + nb)
+    rt = cupy.cuda.runtime
+    rt.memcpyAsync(mem.ptr, scale_a.data_ptr(), 4 * na, rt.memcpyDeviceToHost, stream)
+    rt.memcpyAsync(mem.ptr + 4 * na, scale_b.data_ptr(), 4 * nb, rt.memcpyDeviceToHost, stream)
+    rt.eventRecord(event, stream)
+    try:
+        tc.launch(sig, index, stream, a_ptr, bt_ptr, out.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(),
+                  None if bias is None else bias.data_ptr())
+    finally:  # the copies into this thread's pinned buffer are done before it is used again
+        rt.eventSynchronize(event)
+    if rowwise:
         _refuse_non_finite(host[:na], host[na:na + nb], prof)
+    elif not (math.isfinite(host[0]) and math.isfinite(host[1])):
+        raise _non_finite_error(prof)
     return out
 
 

@@ -17,6 +17,7 @@ Skipped without torch (a CPU build is enough).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -430,3 +431,50 @@ def test_example_script_prints_match():
                        cwd=ROOT, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("MATCH") >= 1 and "MISMATCH" not in r.stdout, r.stdout
+
+
+def test_tensor_core_decision_is_cached_per_signature(monkeypatch):
+    """The drop-in decides once per call signature whether the tensor-core path takes a call
+    (ladder, profile features, plan, prepared signature); what the profile refuses raises on
+    every call, and another profile object is a different signature."""
+    from cpemu import backends
+    from cpemu.cuda import tensorcore as tc
+    from cpemu.profile import get_profile
+
+    calls = []
+
+    def select(backend, prof, exclude=()):
+        calls.append(("select", prof.name))
+        return "cublaslt-tc"
+
+    def signature(*args):
+        calls.append(("signature",) + args[1:4])
+        if args[3] == 48:  # K = 48: declined by the path
+            raise tc.TensorCoreUnsupported("declined")
+        return ("sig",) + args[1:4]
+
+    monkeypatch.setattr(backends, "select", select)
+    monkeypatch.setattr(tc, "signature", signature)
+    monkeypatch.setattr(ct, "_tc_signatures", {})
+    prof = get_profile(ct.DEFAULT_PROFILE)
+    args = ("auto", 0, 16, 64, 32, "e4m3", "e4m3", "bfloat16", "tensorwise", None, True)
+    first = ct._tc_signature(prof, *args)
+    assert first == ("sig", 16, 64, 32)
+    assert ct._tc_signature(prof, *args) is first
+    assert calls == [("select", prof.name), ("signature", 16, 64, 32)]
+    # a declined call is remembered as declined
+    declined = args[:4] + (48,) + args[5:]
+    assert ct._tc_signature(prof, *declined) is None
+    assert ct._tc_signature(prof, *declined) is None
+    assert len(calls) == 4
+    # a feature the profile refuses (bias with fp32 output) raises on every call
+    refused = args[:7] + ("float32",) + args[8:9] + ("bfloat16",) + args[10:]
+    for _ in range(2):
+        with pytest.raises(cpemu.ProfileFeatureError, match="bias"):
+            ct._tc_signature(prof, *refused)
+    assert len(calls) == 6
+    # an equal profile object loaded again is its own signature
+    other = dataclasses.replace(prof)
+    assert other is not prof
+    assert ct._tc_signature(other, *args) == first
+    assert len(calls) == 8
