@@ -359,6 +359,11 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
                               scaling[0] == "RowWise")
         if y is not None:
             return y
+    if on_device:
+        y = _exact_kernel_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, backend,
+                               scaling[0] == "RowWise")
+        if y is not None:
+            return y
     if scaling[0] == "TensorWise" and scale_a.dtype == scale_b.dtype:  # both values in one transfer
         both = _host_numpy(torch.stack((scale_a.detach().reshape(()), scale_b.detach().reshape(()))))
         sa, sb = both[0:1], both[1:2]
@@ -553,6 +558,56 @@ def _dense_operands(a, b):
     if b.stride(0) != 1 or b.stride(1) != b.shape[0]:
         b = b.t().contiguous().t()
     return a, b
+
+
+_EXACT_KERNELS = ("cuda-tiled", "cuda-simple")
+
+
+def _exact_kernel_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, backend, rowwise: bool):
+    """The drop-in's path to the exact CUDA kernels (``cuda-tiled``, ``cuda-simple``), when the
+    backend ladder picks one for ``prof`` on this device; None otherwise (the general path
+    then computes the call). The FP8 codes, the scales and the bias stay on the device, shared
+    with cupy without a copy, and the kernel runs on torch's current stream; a bias is widened
+    to float32 there (exact). Non-finite scales are refused as on the tensor-core path: copied
+    to pinned host memory in stream order just before the GEMM is queued, checked once that
+    copy is done, so that the host does not wait for the previous work before it queues the
+    GEMM. ``a`` and ``b`` are dense (:func:`_dense_operands`)."""
+    from . import backends
+    from .cuda.kernels import gemm_cuda
+
+    cupy = _cupy()
+    index = a.device.index
+    with cupy.cuda.Device(index):
+        chosen = backends.select(backend, prof)
+        if chosen not in _EXACT_KERNELS:
+            return None
+        M, K = a.shape
+        N = b.shape[1]
+        fa, fb, out_name = _FP8[a.dtype][1], _FP8[b.dtype][1], _OUT[out_dt]
+        scaling = "rowwise" if rowwise else "tensorwise"
+        prof.check_features(fa, fb, out_name, scaling,
+                            None if bias is None else ("bfloat16" if bias.dtype == torch.bfloat16 else "float16"))
+        plan = prof.plan(M, N, K, use_fast_accum, scaling, fa, fb, out_name)
+        na, nb = (M, N) if rowwise else (1, 1)
+        sp = _current_stream_ptr(a.device)
+        bias_f32 = None if bias is None else bias.detach().reshape(-1).float()  # on torch's stream
+        mem, host, event = _probe.get(cupy, index, na + nb)
+        rt = cupy.cuda.runtime
+        with _cupy_stream(cupy, torch.cuda.current_stream(a.device), index):
+            a_codes = cupy.asarray(a.detach().view(torch.uint8))
+            bt_codes = cupy.asarray(b.detach().view(torch.uint8)).T  # (N, K), C-contiguous
+            sa, sb = cupy.asarray(scale_a.detach()), cupy.asarray(scale_b.detach())
+            rt.memcpyAsync(mem.ptr, scale_a.data_ptr(), 4 * na, rt.memcpyDeviceToHost, sp)
+            rt.memcpyAsync(mem.ptr + 4 * na, scale_b.data_ptr(), 4 * nb, rt.memcpyDeviceToHost, sp)
+            rt.eventRecord(event, sp)
+            try:
+                y = gemm_cuda(chosen, a_codes, bt_codes, fa, fb, plan, prof.instruction, prof.mode(scaling), sa, sb,
+                              None if bias_f32 is None else cupy.asarray(bias_f32), out_name)
+            finally:  # the copies into this thread's pinned buffer are done before it is used again
+                rt.eventSynchronize(event)
+        _refuse_non_finite(host[:na], host[na:na + nb], prof)
+        out = torch.as_tensor(y if out_dt == torch.float32 else y.view(cupy.int16), device=a.device)
+    return out if out_dt == torch.float32 else out.view(out_dt)
 
 
 def _gemm_on_device(a, b, sa, sb, np_bias, prof, out_dt, use_fast_accum, backend):

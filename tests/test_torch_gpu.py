@@ -79,8 +79,9 @@ def _same_bits(got, want):
 def test_cuda_operands_stay_on_the_device(monkeypatch, out_dtype, side_stream, backend):
     """CUDA operands are handed to the CUDA backends in place (never copied to the host),
     on torch's current stream, and give torch's bits (an Evo 2 1B projection, M = 64).
-    ``auto`` on a Hopper GPU must take the pointer path to the tensor cores, never the cupy
-    route; ``cuda-tiled`` takes the cupy route."""
+    ``auto`` on a Hopper GPU must take the pointer path to the tensor cores, ``cuda-tiled``
+    the exact-kernel route; neither reads a scale or the bias on the host before the GEMM is
+    queued, nor takes the general route."""
     _needs_hopper()
     import cpemu.torch as ct
 
@@ -97,9 +98,12 @@ def test_cuda_operands_stay_on_the_device(monkeypatch, out_dtype, side_stream, b
     def not_this_route(*args, **kw):
         raise AssertionError("backend 'auto' on a Hopper GPU left the pointer path to the tensor cores")
 
+    def no_host_read(t):
+        raise AssertionError("a scale or the bias was read on the host before the GEMM was queued")
+
     monkeypatch.setattr(ct, "_fp8_numpy", no_host_copy)
-    if backend == "auto":
-        monkeypatch.setattr(ct, "_gemm_on_device", not_this_route)
+    monkeypatch.setattr(ct, "_host_numpy", no_host_read)
+    monkeypatch.setattr(ct, "_gemm_on_device", not_this_route)
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -141,10 +145,12 @@ def test_tensor_core_pointer_path_rowwise_and_padded_operands(monkeypatch, fast_
     assert calls == [1], "an unaligned operand must leave the pointer path"
 
 
+@pytest.mark.parametrize("backend", ["auto", "cuda-tiled"])
 @pytest.mark.parametrize("bad", ["inf_a", "nan_b", "ninf_a", "rowwise_nan"])
-def test_tensor_core_pointer_path_refuses_non_finite_scales(bad):
-    """A non-finite scale is refused on the pointer path too (it is checked after the GEMM is
-    queued, before the result would be returned), and the next call is unaffected."""
+def test_tensor_core_pointer_path_refuses_non_finite_scales(bad, backend):
+    """A non-finite scale is refused on the pointer path and on the exact-kernel route too (it
+    is checked after the GEMM is queued, before the result would be returned), and the next
+    call is unaffected."""
     _needs_hopper()
     import cpemu
     import cpemu.torch as ct
@@ -160,9 +166,38 @@ def test_tensor_core_pointer_path_refuses_non_finite_scales(bad):
         sa = one * value if bad.endswith("_a") else one.clone()
         sb = one * value if bad.endswith("_b") else one.clone()
     with pytest.raises(cpemu.ProfileFeatureError, match="non-finite scale"):
-        ct.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+        ct.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True, backend=backend)
     want = torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
-    _same_bits(ct.scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True), want)
+    _same_bits(ct.scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True, backend=backend),
+               want)
+
+
+@pytest.mark.parametrize("fast_accum", [True, False])
+def test_exact_kernel_route_rowwise_and_unaligned_operand(monkeypatch, fast_accum):
+    """``cuda-tiled`` through the drop-in with rowwise scales, with and without fast
+    accumulation, and with an operand at an offset the kernel cannot load from (copied by
+    the kernel's wrapper): torch's bits, and the exact-kernel route in each case."""
+    _needs_hopper()
+    import cpemu.torch as ct
+
+    M, N = 48, 5760
+    a, w, g = _evo2_1b_operands(M, seed=8)
+    sa = (torch.rand(M, 1, generator=g) + 0.5).cuda()
+    sb = (torch.rand(1, N, generator=g) + 0.5).cuda()
+    want = torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+    calls = []
+    original = ct._exact_kernel_call
+    monkeypatch.setattr(ct, "_exact_kernel_call", lambda *x, **k: calls.append(1) or original(*x, **k))
+    _same_bits(ct.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum,
+                            backend="cuda-tiled"), want)
+    shifted = torch.empty(M * a.shape[1] + 8, dtype=torch.uint8, device="cuda")
+    a_off = shifted[8:].view(M, a.shape[1])
+    a_off.copy_(a.view(torch.uint8))
+    a_off = a_off.view(torch.float8_e4m3fn)
+    assert a_off.data_ptr() % 16
+    _same_bits(ct.scaled_mm(a_off, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum,
+                            backend="cuda-tiled"), want)
+    assert calls == [1, 1]
 
 
 @pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
