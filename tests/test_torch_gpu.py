@@ -66,6 +66,23 @@ def _evo2_1b_operands(M: int, seed: int = 5):
     return a, w, g
 
 
+def _rowwise_case(M: int, seed: int, fast_accum: bool):
+    """Evo 2 1B operands with rowwise scales, and torch's bf16 result for them."""
+    a, w, g = _evo2_1b_operands(M, seed=seed)
+    sa = (torch.rand(M, 1, generator=g) + 0.5).cuda()
+    sb = (torch.rand(1, w.shape[0], generator=g) + 0.5).cuda()
+    want = torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+    return a, w, sa, sb, want
+
+
+def _at_offset(a, offset: int):
+    """A copy of FP8 matrix ``a`` that starts ``offset`` bytes into its allocation."""
+    shifted = torch.empty(a.numel() + offset, dtype=torch.uint8, device="cuda")
+    moved = shifted[offset:].view(a.shape)
+    moved.copy_(a.view(torch.uint8))
+    return moved.view(a.dtype)
+
+
 def _same_bits(got, want):
     assert got.device == want.device and got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
     ib = torch.int32 if want.dtype == torch.float32 else torch.int16
@@ -120,11 +137,8 @@ def test_tensor_core_pointer_path_rowwise_and_padded_operands(monkeypatch, fast_
     _needs_hopper()
     import cpemu.torch as ct
 
-    M, N = 48, 5760
-    a, w, g = _evo2_1b_operands(M, seed=6)
-    sa = (torch.rand(M, 1, generator=g) + 0.5).cuda()
-    sb = (torch.rand(1, N, generator=g) + 0.5).cuda()
-    want = torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+    M = 48
+    a, w, sa, sb, want = _rowwise_case(M, 6, fast_accum)
     _same_bits(ct.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum), want)
 
     padded = torch.zeros(M, a.shape[1] + 64, dtype=torch.uint8, device="cuda")
@@ -133,10 +147,7 @@ def test_tensor_core_pointer_path_rowwise_and_padded_operands(monkeypatch, fast_
     assert a_pad.stride(0) != a.shape[1]
     _same_bits(ct.scaled_mm(a_pad, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum), want)
 
-    shifted = torch.empty(M * a.shape[1] + 16, dtype=torch.uint8, device="cuda")
-    a_off = shifted[16:].view(M, a.shape[1])
-    a_off.copy_(a.view(torch.uint8))
-    a_off = a_off.view(torch.float8_e4m3fn)
+    a_off = _at_offset(a, 16)
     assert a_off.data_ptr() % 256
     calls = []
     original = ct._gemm_on_device
@@ -180,20 +191,13 @@ def test_exact_kernel_route_rowwise_and_unaligned_operand(monkeypatch, fast_accu
     _needs_hopper()
     import cpemu.torch as ct
 
-    M, N = 48, 5760
-    a, w, g = _evo2_1b_operands(M, seed=8)
-    sa = (torch.rand(M, 1, generator=g) + 0.5).cuda()
-    sb = (torch.rand(1, N, generator=g) + 0.5).cuda()
-    want = torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+    a, w, sa, sb, want = _rowwise_case(48, 8, fast_accum)
     calls = []
     original = ct._exact_kernel_call
     monkeypatch.setattr(ct, "_exact_kernel_call", lambda *x, **k: calls.append(1) or original(*x, **k))
     _same_bits(ct.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum,
                             backend="cuda-tiled"), want)
-    shifted = torch.empty(M * a.shape[1] + 8, dtype=torch.uint8, device="cuda")
-    a_off = shifted[8:].view(M, a.shape[1])
-    a_off.copy_(a.view(torch.uint8))
-    a_off = a_off.view(torch.float8_e4m3fn)
+    a_off = _at_offset(a, 8)
     assert a_off.data_ptr() % 16
     _same_bits(ct.scaled_mm(a_off, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum,
                             backend="cuda-tiled"), want)
