@@ -448,6 +448,31 @@ class _ScaleProbe(threading.local):
 
 
 _probe = _ScaleProbe()
+
+
+def _queue_then_check_scales(cupy, index, stream: int, scale_a, scale_b, rowwise: bool, prof, queue):
+    """Queue a GEMM (``queue()``) on ``stream`` and refuse non-finite scales without waiting for
+    the GPU before it is queued: the scales (one float32 each, or contiguous (M, 1) and (1, N))
+    are copied in stream order to this thread's pinned buffer just before the GEMM, and the call
+    waits only for that copy, i.e. for the work queued before, then checks them. Returns what
+    ``queue()`` returns; a refused call raises instead, and the GEMM's output is dropped."""
+    na, nb = (scale_a.numel(), scale_b.numel()) if rowwise else (1, 1)
+    mem, host, event = _probe.get(cupy, index, na + nb)
+    rt = cupy.cuda.runtime
+    rt.memcpyAsync(mem.ptr, scale_a.data_ptr(), 4 * na, rt.memcpyDeviceToHost, stream)
+    rt.memcpyAsync(mem.ptr + 4 * na, scale_b.data_ptr(), 4 * nb, rt.memcpyDeviceToHost, stream)
+    rt.eventRecord(event, stream)
+    try:
+        result = queue()
+    finally:  # the copies into this thread's pinned buffer are done before it is used again
+        rt.eventSynchronize(event)
+    if rowwise:
+        _refuse_non_finite(host[:na], host[na:na + nb], prof)
+    elif not (math.isfinite(host[0]) and math.isfinite(host[1])):
+        raise _non_finite_error(prof)
+    return result
+
+
 _TENSOR_CORE = "cublaslt-tc"
 _tc_signatures: dict = {}  # _tc_signature's decisions, per call signature
 
@@ -490,10 +515,7 @@ def _tensor_core_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum
     (:func:`_dense_operands`).
 
     Non-finite scales are refused as on the general path, but without waiting for the GPU
-    before the GEMM is queued: the scales are copied, in stream order, to pinned host memory
-    just before the GEMM, and the call waits only for that copy (the previous work on the
-    stream) before it checks them. A refused call raises; its output, never returned, is
-    dropped."""
+    before the GEMM is queued (:func:`_queue_then_check_scales`)."""
     cupy = _cupy()
     index = a.device.index
     if cupy.cuda.runtime.getDevice() == index:  # already current: no device switch
@@ -521,8 +543,6 @@ def _tensor_core_call_on(cupy, index, a, b, scale_a, scale_b, bias, prof, out_dt
         return None
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
-    # tensorwise: one float32 each; rowwise: contiguous (M, 1) and (1, N) (torch's checks)
-    na, nb = (M, N) if rowwise else (1, 1)
     stream = _current_stream_ptr(a.device)
     if sig.ada:  # 16 real and 16 zero products per Hopper step (tensorcore module docstring)
         a_pad = torch.empty((M, 2 * K), dtype=torch.uint8, device=a.device)
@@ -532,20 +552,9 @@ def _tensor_core_call_on(cupy, index, a, b, scale_a, scale_b, bias, prof, out_dt
             tc.pad_k16_pointers(index, bt_ptr, b_pad.data_ptr(), N, K)
         a_ptr, bt_ptr = a_pad.data_ptr(), b_pad.data_ptr()
     out = a.new_empty((M, N), dtype=out_dt)
-    mem, host, event = _probe.get(cupy, index, na + nb)
-    rt = cupy.cuda.runtime
-    rt.memcpyAsync(mem.ptr, scale_a.data_ptr(), 4 * na, rt.memcpyDeviceToHost, stream)
-    rt.memcpyAsync(mem.ptr + 4 * na, scale_b.data_ptr(), 4 * nb, rt.memcpyDeviceToHost, stream)
-    rt.eventRecord(event, stream)
-    try:
-        tc.launch(sig, index, stream, a_ptr, bt_ptr, out.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(),
-                  None if bias is None else bias.data_ptr())
-    finally:  # the copies into this thread's pinned buffer are done before it is used again
-        rt.eventSynchronize(event)
-    if rowwise:
-        _refuse_non_finite(host[:na], host[na:na + nb], prof)
-    elif not (math.isfinite(host[0]) and math.isfinite(host[1])):
-        raise _non_finite_error(prof)
+    _queue_then_check_scales(cupy, index, stream, scale_a, scale_b, rowwise, prof, lambda: tc.launch(
+        sig, index, stream, a_ptr, bt_ptr, out.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(),
+        None if bias is None else bias.data_ptr()))
     return out
 
 
@@ -568,10 +577,9 @@ def _exact_kernel_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accu
     backend ladder picks one for ``prof`` on this device; None otherwise (the general path
     then computes the call). The FP8 codes, the scales and the bias stay on the device, shared
     with cupy without a copy, and the kernel runs on torch's current stream; a bias is widened
-    to float32 there (exact). Non-finite scales are refused as on the tensor-core path: copied
-    to pinned host memory in stream order just before the GEMM is queued, checked once that
-    copy is done, so that the host does not wait for the previous work before it queues the
-    GEMM. ``a`` and ``b`` are dense (:func:`_dense_operands`)."""
+    to float32 there (exact). Non-finite scales are refused after the GEMM is queued, as on the
+    tensor-core path (:func:`_queue_then_check_scales`). ``a`` and ``b`` are dense
+    (:func:`_dense_operands`)."""
     from . import backends
     from .cuda.kernels import gemm_cuda
 
@@ -588,24 +596,15 @@ def _exact_kernel_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accu
         prof.check_features(fa, fb, out_name, scaling,
                             None if bias is None else ("bfloat16" if bias.dtype == torch.bfloat16 else "float16"))
         plan = prof.plan(M, N, K, use_fast_accum, scaling, fa, fb, out_name)
-        na, nb = (M, N) if rowwise else (1, 1)
-        sp = _current_stream_ptr(a.device)
         bias_f32 = None if bias is None else bias.detach().reshape(-1).float()  # on torch's stream
-        mem, host, event = _probe.get(cupy, index, na + nb)
-        rt = cupy.cuda.runtime
         with _cupy_stream(cupy, torch.cuda.current_stream(a.device), index):
             a_codes = cupy.asarray(a.detach().view(torch.uint8))
             bt_codes = cupy.asarray(b.detach().view(torch.uint8)).T  # (N, K), C-contiguous
             sa, sb = cupy.asarray(scale_a.detach()), cupy.asarray(scale_b.detach())
-            rt.memcpyAsync(mem.ptr, scale_a.data_ptr(), 4 * na, rt.memcpyDeviceToHost, sp)
-            rt.memcpyAsync(mem.ptr + 4 * na, scale_b.data_ptr(), 4 * nb, rt.memcpyDeviceToHost, sp)
-            rt.eventRecord(event, sp)
-            try:
-                y = gemm_cuda(chosen, a_codes, bt_codes, fa, fb, plan, prof.instruction, prof.mode(scaling), sa, sb,
-                              None if bias_f32 is None else cupy.asarray(bias_f32), out_name)
-            finally:  # the copies into this thread's pinned buffer are done before it is used again
-                rt.eventSynchronize(event)
-        _refuse_non_finite(host[:na], host[na:na + nb], prof)
+            y = _queue_then_check_scales(
+                cupy, index, _current_stream_ptr(a.device), scale_a, scale_b, rowwise, prof,
+                lambda: gemm_cuda(chosen, a_codes, bt_codes, fa, fb, plan, prof.instruction, prof.mode(scaling), sa, sb,
+                                  None if bias_f32 is None else cupy.asarray(bias_f32), out_name))
         out = torch.as_tensor(y if out_dt == torch.float32 else y.view(cupy.int16), device=a.device)
     return out if out_dt == torch.float32 else out.view(out_dt)
 
