@@ -605,7 +605,13 @@ def _exact_kernel_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accu
                 cupy, index, _current_stream_ptr(a.device), scale_a, scale_b, rowwise, prof,
                 lambda: gemm_cuda(chosen, a_codes, bt_codes, fa, fb, plan, prof.instruction, prof.mode(scaling), sa, sb,
                                   None if bias_f32 is None else cupy.asarray(bias_f32), out_name))
-        out = torch.as_tensor(y if out_dt == torch.float32 else y.view(cupy.int16), device=a.device)
+    return _as_torch(cupy, y, out_dt, a.device)
+
+
+def _as_torch(cupy, y, out_dt, device):
+    """A result of the CUDA kernels (cupy float32, or uint16 bf16/fp16 bits) as a tensor of
+    ``out_dt`` on ``device``, without a copy."""
+    out = torch.as_tensor(y if out_dt == torch.float32 else y.view(cupy.int16), device=device)
     return out if out_dt == torch.float32 else out.view(out_dt)
 
 
@@ -621,8 +627,7 @@ def _gemm_on_device(a, b, sa, sb, np_bias, prof, out_dt, use_fast_accum, backend
         b_codes = cupy.asarray(b.detach().view(torch.uint8))
         y = gemm(a_codes, b_codes, profile=prof, scale_a=sa, scale_b=sb, bias=np_bias, out_dtype=_OUT[out_dt],
                  fast_accum=use_fast_accum, backend=backend, a_format=_FP8[a.dtype][1], b_format=_FP8[b.dtype][1])
-        out = torch.as_tensor(y if out_dt == torch.float32 else y.view(cupy.int16), device=device)
-    return out if out_dt == torch.float32 else out.view(out_dt)
+    return _as_torch(cupy, y, out_dt, device)
 
 
 # --------------------------------------------------------------------------- patch
