@@ -35,6 +35,7 @@ CPEMU_PTX_F32_2(cpemu_fmul_rn, "mul.rn.f32")
 CPEMU_PTX_F32_2(cpemu_fadd_rn, "add.rn.f32")
 CPEMU_PTX_F32_2(cpemu_fsub_rn, "sub.rn.f32")
 CPEMU_PTX_F32_2(cpemu_fadd_rz, "add.rz.f32")
+CPEMU_PTX_F32_2(cpemu_fmul_rz, "mul.rz.f32")
 CPEMU_PTX_F32_3(cpemu_fma_rn, "fma.rn.f32")
 CPEMU_PTX_F32_3(cpemu_fma_rz, "fma.rz.f32")
 

@@ -208,6 +208,18 @@ __device__ float cps_accumulate(const cps_u8* arow, const cps_u8* brow, const in
 
 // ------------------------------------------------------------------------ kernel
 
+// formats.encode_output of one epilogue result y into out[idx] (NaN -> nan_bits).
+__device__ __forceinline__ void cps_store(void* out, cps_i64 idx, float y, int out_kind, cps_u32 nan_bits) {
+    if (out_kind == CPEMU_OUT_F32) {
+        const cps_u32 u = __float_as_uint(y);
+        ((cps_u32*)out)[idx] = (u & 0x7FFFFFFFu) > 0x7F800000u ? nan_bits : u;
+    } else if (out_kind == CPEMU_OUT_BF16) {
+        ((unsigned short*)out)[idx] = (unsigned short)cpemu_encode_bf16(y, nan_bits);
+    } else {
+        ((unsigned short*)out)[idx] = (unsigned short)cpemu_encode_f16(y, nan_bits);
+    }
+}
+
 // out[m, n] for every output (grid-stride loop over M*N):
 //   A (M, K) and Bt (N, K) uint8 FP8 codes, row-major (Bt is B transposed: K contiguous);
 //   a_fmt / b_fmt: 0 = e4m3, 1 = e5m2;
@@ -234,13 +246,270 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
         const float acc = cps_accumulate(arow, brow, slices, n_slices, promotion, a_fmt, b_fmt, L, F, R, e_zero);
         const float y = cpemu_epilogue(acc, scale_a[(cps_i64)m * sa_stride], scale_b[(cps_i64)n * sb_stride], has_bias,
                                      has_bias ? bias[n] : 0.0f, ep_order);
-        if (out_kind == CPEMU_OUT_F32) {
-            const cps_u32 u = __float_as_uint(y);
-            ((cps_u32*)out)[idx] = (u & 0x7FFFFFFFu) > 0x7F800000u ? nan_bits : u;
-        } else if (out_kind == CPEMU_OUT_BF16) {
-            ((unsigned short*)out)[idx] = (unsigned short)cpemu_encode_bf16(y, nan_bits);
-        } else {
-            ((unsigned short*)out)[idx] = (unsigned short)cpemu_encode_f16(y, nan_bits);
+        cps_store(out, idx, y, out_kind, nan_bits);
+    }
+}
+
+// ======================================================================== staged kernel
+//
+// cpemu_gemm_simple_staged: the same outputs, one per thread, for the instruction models
+// with 11 <= F <= 16 (Ada, Hopper: F = 13; kernels.py picks the kernel). The threads of a
+// block (CPS_BM x CPS_BN outputs) run the same steps in the same order, so each step's FP8
+// codes of the block's CPS_BM rows of A and CPS_BN rows of Bt are decoded once into
+// shared memory (cps_stage: the value times 2**-CPS_SHIFT in FP32, and e_nz; the next
+// step's codes load while this one computes), and each thread computes reference.tfdpa for
+// its output from there (cps_tfdpa_staged):
+//
+//   e_max = max(e_a + e_b, exponent of c), as in cps_tfdpa;
+//   every term (each product, and c) is multiplied by 2**(F - 149 - e_max). That puts the
+//   step's terms and all their partial sums below 2**-125 in magnitude (|product| <
+//   2**(e_max + 2), |c| < 2**(e_max + 1), at most 32 products, F <= 16), where the FP32
+//   values are exactly the multiples of 2**-149 (the subnormals and the lowest normal
+//   binade). So one IEEE round-toward-zero multiply truncates each term toward zero to the
+//   grid 2**(e_max - F) -- sign * (P >> (e_max - E)) of cps_tfdpa, for either sign -- and
+//   the truncated terms add exactly with round-to-nearest adds, in any order. The sum's
+//   encoding is then S of cps_tfdpa (sign and magnitude in units of 2**-149), and
+//   cps_round_sum(S, e_max - F, R) is the exact product S * 2**(e_max - F) (one FP32
+//   multiply; S has at most 23 bits) rounded toward zero to R fraction bits with the floor
+//   at 2**-126: the low 23 - R bits of its encoding cleared.
+//
+// The products a * b are exact FP32 multiplies of the staged values (8 significant bits;
+// with the 2**-58 of each operand they lie in [2**-148, 2**32)), so a product's term takes
+// three FP32 instructions (multiply, round-toward-zero multiply, add) and no integer work.
+// Only IEEE-defined operations with explicit rounding (PTX mul.rn, mul.rz, add.rn without
+// .ftz) and integer operations are used: the bits do not depend on the GPU.
+//
+// NaN/Inf: the stage records per row whether the step's codes hold a NaN or an Inf; those
+// outputs (and those whose accumulator is not finite) are finished by cps_specials, which
+// rereads the codes. Launch: grid (ceil(N / CPS_BN), ceil(M / CPS_BM)), CPS_THREADS
+// threads; K, the slice bounds and L multiples of 8 and L <= CPS_KT (kernels.py checks).
+
+#ifndef CPS_BM
+#define CPS_BM 32  // outputs per block along M (a multiple of 4)
+#endif
+#ifndef CPS_BN
+#define CPS_BN 32  // outputs per block along N (a multiple of 8)
+#endif
+#ifndef CPS_MINBLOCKS
+#define CPS_MINBLOCKS 2  // __launch_bounds__: resident blocks per SM the registers must allow
+#endif
+#define CPS_THREADS (CPS_BM * CPS_BN)         // one output per thread; a warp takes 4 rows x 8 columns
+#define CPS_ROWS (CPS_BM + CPS_BN)            // staged rows: the block's rows of A, then of Bt
+#define CPS_KT 32                             // K elements per stage: the largest L
+#define CPS_CHUNKS (CPS_ROWS * CPS_KT / 4)    // 4-code chunks per stage
+#define CPS_VSTRIDE 36                        // floats per staged row: 16-byte loads of 8 rows hit 32 banks
+#define CPS_ESTRIDE 40                        // exponents per staged row (likewise)
+#define CPS_SHIFT 58                          // staged values are value * 2**-CPS_SHIFT
+
+static_assert(CPS_BM % 4 == 0 && CPS_BN % 8 == 0 && CPS_THREADS <= 1024, "staged geometry");
+static_assert(CPS_CHUNKS % 32 == 0 && CPS_CHUNKS <= CPS_THREADS, "cps_stage: whole warps, one chunk per thread");
+
+struct CpsStaged {
+    float v[CPS_ROWS][CPS_VSTRIDE];  // value * 2**-58 (0 for zero, NaN and Inf codes)
+    short e[CPS_ROWS][CPS_ESTRIDE];  // e_nz (CPS_ZERO_EXP for zero, NaN and Inf codes)
+    cps_u32 special[CPS_ROWS];       // nonzero: a NaN or Inf among the row's codes of the step
+    uint2 lut[2][256];  // per operand (0: A, 1: B) and code: .x bits of v, .y e_nz | NaN/Inf << 16
+};
+
+// 2**t as FP32 bits, for -149 <= t <= 127 (subnormal below -126).
+__device__ __forceinline__ cps_u32 cps_pow2(int t) {
+    return t >= -126 ? (cps_u32)(t + 127) << 23 : 1u << (t + 149);
+}
+
+// max(a + b, m) on two signed 16-bit lanes (one DPX instruction on sm_90).
+__device__ __forceinline__ cps_u32 cps_addmax2(cps_u32 a, cps_u32 b, cps_u32 m) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+    return __viaddmax_s16x2(a, b, m);
+#else
+    const int lo = max((int)(short)(m & 0xFFFFu), (int)(short)(a & 0xFFFFu) + (int)(short)(b & 0xFFFFu));
+    const int hi = max((int)m >> 16, ((int)a >> 16) + ((int)b >> 16));
+    return ((cps_u32)lo & 0xFFFFu) | ((cps_u32)hi << 16);
+#endif
+}
+
+// The decode tables of both operands (cps_decode of every code).
+__device__ __forceinline__ void cps_build_lut(CpsStaged& sh, int a_e5m2, int b_e5m2) {
+    for (int i = threadIdx.x; i < 512; i += CPS_THREADS) {
+        const int op = i >> 8, is_e5m2 = op ? b_e5m2 : a_e5m2;
+        const CpsOperand d = cps_decode((cps_u32)(i & 255), is_e5m2);
+        // sign * m * 2**(e - frac_bits - 58): m < 16 converts exactly; the power of two is normal
+        const float v = cpemu_fmul_rn(__int2float_rn(d.sign * d.m),
+                                      __uint_as_float(cps_pow2(d.e - cpemu_fp8_frac_bits(is_e5m2) - CPS_SHIFT)));
+        sh.lut[op][i & 255] = make_uint2(__float_as_uint(v), ((cps_u32)d.e_nz & 0xFFFFu) | ((cps_u32)(d.nan | d.inf) << 16));
+    }
+}
+
+// ------------------------------------------------------------------------ the stage
+
+// This thread's chunk of the stage for K elements [k, ke) (ke - k a multiple of 8, at most
+// CPS_KT): thread t < CPS_CHUNKS loads 4 codes (4 bytes) of staged row t / 8 -- the block's
+// rows of A from m0, then of Bt from n0 --, zero codes past ke and past the last row.
+__device__ __forceinline__ cps_u32 cps_fetch(const cps_u8* __restrict__ A, const cps_u8* __restrict__ Bt, int M,
+                                             int N, int K, int m0, int n0, int k, int ke) {
+    const int r = threadIdx.x >> 3, q = threadIdx.x & 7;
+    const int is_b = r >= CPS_BM;
+    const int row = is_b ? n0 + r - CPS_BM : m0 + r;
+    const int kk = k + 4 * q;
+    if ((CPS_CHUNKS < CPS_THREADS && threadIdx.x >= CPS_CHUNKS) || row >= (is_b ? N : M) || kk >= ke) return 0u;
+    return __ldg((const cps_u32*)((is_b ? Bt : A) + (cps_i64)row * K + kk));
+}
+
+// Decode this thread's chunk w (cps_fetch) into the stage.
+__device__ __forceinline__ void cps_stage(CpsStaged& sh, cps_u32 w) {
+    if (CPS_CHUNKS < CPS_THREADS && threadIdx.x >= CPS_CHUNKS) return;
+    const int r = threadIdx.x >> 3, q = threadIdx.x & 7;
+    const uint2* lut = sh.lut[r >= CPS_BM];
+    const uint2 d0 = lut[w & 0xFFu], d1 = lut[(w >> 8) & 0xFFu], d2 = lut[(w >> 16) & 0xFFu], d3 = lut[w >> 24];
+    *(float4*)&sh.v[r][4 * q] =
+        make_float4(__uint_as_float(d0.x), __uint_as_float(d1.x), __uint_as_float(d2.x), __uint_as_float(d3.x));
+    *(uint2*)&sh.e[r][4 * q] = make_uint2(__byte_perm(d0.y, d1.y, 0x5410), __byte_perm(d2.y, d3.y, 0x5410));
+    // the 8 threads of a staged row are lanes 8j..8j+7 of one warp
+    const cps_u32 ballot = __ballot_sync(0xFFFFFFFFu, (d0.y | d1.y | d2.y | d3.y) >> 16);
+    if (q == 0) sh.special[r] = (ballot >> (threadIdx.x & 24)) & 0xFFu;
+}
+
+// ------------------------------------------------------------------------ the schedule, step by step
+
+// A step of the schedule (cps_accumulate's loops): slice s, ending at k1; its chain ends at
+// kce (promotion * L elements, or the whole slice with fast accumulation); the step is
+// [k, ke), ke = min(k + L, kce).
+struct CpsPos {
+    int s, k1, kce, k, ke;
+};
+
+__device__ __forceinline__ void cps_slice_start(CpsPos& p, const int* __restrict__ slices, int s, int chain_len,
+                                                int L) {
+    const int k0 = slices[2 * s];
+    p.s = s;
+    p.k1 = slices[2 * s + 1];
+    p.kce = chain_len > 0 ? min(k0 + chain_len, p.k1) : p.k1;
+    p.k = k0;
+    p.ke = min(k0 + L, p.kce);
+}
+
+// Moves p to the next step: 0 in the same chain, 1 the next chain of the slice, 2 the next
+// slice, 3 none left (p unchanged).
+__device__ __forceinline__ int cps_advance(CpsPos& p, const int* __restrict__ slices, int n_slices, int chain_len,
+                                           int L) {
+    if (p.ke < p.kce) {
+        p.k = p.ke;
+        p.ke = min(p.k + L, p.kce);
+        return 0;
+    }
+    if (p.kce < p.k1) {
+        p.k = p.kce;
+        p.kce = min(p.k + chain_len, p.k1);
+        p.ke = min(p.k + L, p.kce);
+        return 1;
+    }
+    if (p.s + 1 < n_slices) {
+        cps_slice_start(p, slices, p.s + 1, chain_len, L);
+        return 2;
+    }
+    return 3;
+}
+
+// ------------------------------------------------------------------------ one step
+
+// reference.tfdpa for one output over the staged step, before NaN/Inf handling (see the
+// comment above the staged kernel): ea/va the output's staged row of A, eb/vb of Bt. KL: K
+// elements computed, 16 or 32; codes of the stage past the step's end are zero codes, which
+// change nothing.
+template <int KL>
+__device__ __forceinline__ float cps_tfdpa_staged(const short* ea, const short* eb, const float* va, const float* vb,
+                                                  float c, int F, cps_u32 rmask) {
+    // e_max = max(E.max(axis=-1), ce); a zero c counts as -126 instead of e_zero (that changes
+    // e_max only when every product is zero, and the result is +0 either way); a non-finite
+    // c (finished by cps_specials) counts as 127
+    const int ce = min((int)max((__float_as_uint(c) >> 23) & 0xFFu, 1u) - 127, 127);
+    cps_u32 m2 = ((cps_u32)ce & 0xFFFFu) | ((cps_u32)ce << 16);  // two lanes: even and odd k
+#pragma unroll
+    for (int kk = 0; kk < KL; kk += 8) {
+        const uint4 x = *(const uint4*)&ea[kk], y = *(const uint4*)&eb[kk];
+        m2 = cps_addmax2(x.x, y.x, m2);
+        m2 = cps_addmax2(x.y, y.y, m2);
+        m2 = cps_addmax2(x.z, y.z, m2);
+        m2 = cps_addmax2(x.w, y.w, m2);
+    }
+    const int e_max = max((int)(short)(m2 & 0xFFFFu), (int)m2 >> 16);
+    // a product of staged values is p * 2**-116: times 2**(F - 33 - e_max) is p * 2**(F - 149 - e_max)
+    const float s = __uint_as_float(cps_pow2(F + 116 - 149 - e_max));
+    // c * 2**(F - 149 - e_max), truncated toward zero (c * 2**-e_max is exact whenever c can
+    // leave a nonzero term)
+    const float c_term = cpemu_fmul_rz(cpemu_fmul_rn(c, __uint_as_float(cps_pow2(-e_max))),
+                                       __uint_as_float(cps_pow2(F - 149)));
+    float t0 = c_term, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;  // exact sums: the order does not matter
+#pragma unroll
+    for (int kk = 0; kk < KL; kk += 4) {
+        const float4 a = *(const float4*)&va[kk], b = *(const float4*)&vb[kk];
+        t0 = cpemu_fadd_rn(t0, cpemu_fmul_rz(cpemu_fmul_rn(a.x, b.x), s));
+        t1 = cpemu_fadd_rn(t1, cpemu_fmul_rz(cpemu_fmul_rn(a.y, b.y), s));
+        t2 = cpemu_fadd_rn(t2, cpemu_fmul_rz(cpemu_fmul_rn(a.z, b.z), s));
+        t3 = cpemu_fadd_rn(t3, cpemu_fmul_rz(cpemu_fmul_rn(a.w, b.w), s));
+    }
+    const cps_u32 u = __float_as_uint(cpemu_fadd_rn(cpemu_fadd_rn(t0, t1), cpemu_fadd_rn(t2, t3)));
+    const int S = (u >> 31) ? -(int)(u & 0x7FFFFFFFu) : (int)u;  // units of 2**-149 (|S| < 2**23)
+    // cps_round_sum(S, e_max - F, R); -0 -> +0
+    const cps_u32 r = __float_as_uint(cpemu_fmul_rn(__int2float_rn(S), __uint_as_float(cps_pow2(e_max - F)))) & rmask;
+    return __uint_as_float(r == 0x80000000u ? 0u : r);
+}
+
+// ------------------------------------------------------------------------ kernel
+
+// The arguments are cpemu_gemm_simple's.
+extern "C" __global__ void __launch_bounds__(CPS_THREADS, CPS_MINBLOCKS)
+    cpemu_gemm_simple_staged(const cps_u8* __restrict__ A, const cps_u8* __restrict__ Bt, int M, int N, int K,
+                             int a_fmt, int b_fmt, int L, int F, int R, int e_zero, const int* __restrict__ slices,
+                             int n_slices, int promotion, const float* __restrict__ scale_a, int sa_stride,
+                             const float* __restrict__ scale_b, int sb_stride, int ep_order,
+                             const float* __restrict__ bias, int has_bias, void* __restrict__ out, int out_kind,
+                             cps_u32 nan_bits) {
+    __shared__ __align__(16) CpsStaged sh;
+    cps_build_lut(sh, a_fmt, b_fmt);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int ty = warp / (CPS_BN / 8) * 4 + (lane >> 3), tx = warp % (CPS_BN / 8) * 8 + (lane & 7);
+    const int m0 = blockIdx.y * CPS_BM, n0 = blockIdx.x * CPS_BN;
+    const int m = m0 + ty, n = n0 + tx;
+    const int live = m < M && n < N;
+    const cps_u8* arow = A + (cps_i64)min(m, M - 1) * K;
+    const cps_u8* brow = Bt + (cps_i64)min(n, N - 1) * K;
+    const cps_u32 rmask = 0xFFFFFFFFu << (23 - R);
+    const int chain_len = promotion > 0 ? promotion * L : 0;
+    // cps_accumulate, with the steps of all the block's outputs in step; each step's codes
+    // load while the step before computes
+    CpsPos cur;
+    cps_slice_start(cur, slices, 0, chain_len, L);
+    cps_u32 w = cps_fetch(A, Bt, M, N, K, m0, n0, cur.k, cur.ke);
+    float c = 0.0f, p = 0.0f, partial = 0.0f;
+    int first_chain = 1;  // the chain is the first of its slice
+    for (;;) {
+        __syncthreads();  // the previous step's stage has been read
+        cps_stage(sh, w);
+        __syncthreads();
+        CpsPos next = cur;
+        const int event = cps_advance(next, slices, n_slices, chain_len, L);
+        if (event != 3) w = cps_fetch(A, Bt, M, N, K, m0, n0, next.k, next.ke);
+        float y = L <= 16 ? cps_tfdpa_staged<16>(sh.e[ty], sh.e[CPS_BM + tx], sh.v[ty], sh.v[CPS_BM + tx], c, F, rmask)
+                          : cps_tfdpa_staged<CPS_KT>(sh.e[ty], sh.e[CPS_BM + tx], sh.v[ty], sh.v[CPS_BM + tx], c, F,
+                                                     rmask);
+        if (live && ((sh.special[ty] | sh.special[CPS_BM + tx]) || (__float_as_uint(c) & 0x7F800000u) == 0x7F800000u))
+            y = cps_specials(y, c, arow, brow, cur.k, cur.ke, a_fmt, b_fmt);
+        c = y;
+        if (event != 0) {  // the chain ends (cps_chain's result)
+            p = first_chain ? c : cpemu_fadd_rn(p, c);  // float32 + float32: IEEE RN
+            first_chain = 0;
+            c = 0.0f;
+            if (event != 1) {  // the slice ends
+                partial = cur.s == 0 ? p : cpemu_fadd_rn(partial, p);
+                first_chain = 1;
+            }
         }
+        if (event == 3) break;
+        cur = next;
+    }
+    if (live) {
+        const float y = cpemu_epilogue(partial, scale_a[(cps_i64)m * sa_stride], scale_b[(cps_i64)n * sb_stride],
+                                       has_bias, has_bias ? bias[n] : 0.0f, ep_order);
+        cps_store(out, (cps_i64)m * N + n, y, out_kind, nan_bits);
     }
 }

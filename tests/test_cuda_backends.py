@@ -55,18 +55,22 @@ if cp is not None:
 #: a tuning build of the tiled kernel under test: ``CPEMU_TEST_TILED_DEFINES="NAME=VALUE ..."``
 #: compiles cuda-tiled from cuda_src with those -D options (kernels.gemm_cuda's ``defines``)
 TILED_DEFINES = tuple(os.environ.get("CPEMU_TEST_TILED_DEFINES", "").split())
-#: the kernel families, and the tiled kernel forced onto each of its geometries
-#: ("family:module"; plain "cuda-tiled" picks the geometry by M)
-FAMILIES = ("cuda-simple", "cuda-tiled", "cuda-tiled:gemm_tiled", "cuda-tiled:gemm_tiled_small_m")
+#: the kernel families, the simple family forced onto its per-output kernel, and the tiled
+#: kernel forced onto each of its geometries ("family:variant"; plain "cuda-simple" picks its
+#: kernel by the model -- the staged one for Ada and Hopper -- and plain "cuda-tiled" its
+#: geometry by M)
+FAMILIES = ("cuda-simple", "cuda-simple:per-output", "cuda-tiled", "cuda-tiled:gemm_tiled",
+            "cuda-tiled:gemm_tiled_small_m")
 
 
 def gemm_cuda(*args, **kw):
-    """kernels.gemm_cuda, with a ``family:module`` kernel family forcing a tiled geometry."""
+    """kernels.gemm_cuda, with a ``family:variant`` kernel family forcing a simple kernel or a
+    tiled geometry."""
     by_name = "kernel_family" in kw
     family = kw.pop("kernel_family") if by_name else args[0]
-    name, _, module = family.partition(":")
-    if module:
-        kw.setdefault("tiled_module", module)
+    name, _, variant = family.partition(":")
+    if variant:
+        kw.setdefault("simple_kernel" if name == "cuda-simple" else "tiled_module", variant)
     if name == "cuda-tiled" and TILED_DEFINES:
         kw.setdefault("defines", TILED_DEFINES)
     return _gemm_cuda(name, *(args if by_name else args[1:]), **kw)
@@ -435,9 +439,9 @@ def test_evo2_1b_rows(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_families_agree_on_a_large_shape(family):
-    """Both kernel families give the same bits on a shape too large for the reference here."""
-    if family != "cuda-tiled":
-        pytest.skip("compared once, tiled against simple")
+    """Every kernel gives the same bits on a shape too large for the reference here."""
+    if family != FAMILIES[0]:
+        pytest.skip("compared once, every kernel against the first")
     prof = get_profile(HOPPER)
     M, N, K = 300, 1000 + 8, 4096
     a, bt, _, _, _ = operands(Case(M, N, K, data="loguniform", seed=3))
@@ -446,7 +450,8 @@ def test_families_agree_on_a_large_shape(family):
         outs = [_bits(gemm_cuda(f, cp.asarray(a), cp.asarray(bt), "e4m3", "e4m3", plan, prof.instruction,
                                 prof.mode("tensorwise"), np.float32(1), np.float32(1), None, "float32").get())
                 for f in FAMILIES]
-        assert_same(outs[1], outs[0], f"tiled vs simple fast={fast}")
+        for f, out in zip(FAMILIES[1:], outs[1:]):
+            assert_same(out, outs[0], f"{f} vs {FAMILIES[0]} fast={fast}")
 
 
 # --------------------------------------------------------------------------- the wrapper
@@ -503,6 +508,8 @@ def test_argument_errors(family):
         (dict(mode={"epilogue": {"order": "sa*acc"}}), "mode"),
         (dict(kernel_family="cuda-fast"), "kernel_family"),
         (dict(tiled_module="gemm_tiled_huge"), "tiled_module"),
+        (dict(simple_kernel="per-row"), "simple_kernel"),
+        (dict(model=BLACKWELL_SM120, simple_kernel="staged"), "simple_kernel"),  # F = 25: not exact there
     ]
     for kw, arg in cases:
         if arg is None:

@@ -12,7 +12,7 @@ first ``--check-rows`` rows of each output are compared bit for bit with the ref
 (:mod:`cpemu.reference`, on the CPU) and every family's full output with the others'.
 Writes JSON; needs cupy and a CUDA GPU. ``CPEMU_CUDA_FROM_SOURCE=1`` compiles the kernels
 from ``cuda_src/`` instead of loading the fatbins; ``--define NAME=VALUE`` (repeatable)
-compiles the tiled kernel from source with that macro, for tuning experiments.
+compiles the CUDA kernels from source with that macro, for tuning experiments.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def time_windows(cp, launch, windows: int, window_ms: float):
 @click.option("--window-ms", default=200.0, show_default=True, type=float)
 @click.option("--check-rows", default=16, show_default=True, type=int, help="rows checked against the reference")
 @click.option("--out-dtype", default="bfloat16", show_default=True)
-@click.option("--define", "defines", multiple=True, help="NAME=VALUE macro for the tiled kernel (from source)")
+@click.option("--define", "defines", multiple=True, help="NAME=VALUE macro for the CUDA kernels (compiled from source)")
 def main(out_path, shape, profile, families, windows, window_ms, check_rows, out_dtype, defines):
     import cupy as cp
 
@@ -115,7 +115,7 @@ def main(out_path, shape, profile, families, windows, window_ms, check_rows, out
         want = reference_rows(a, bt, plan, model, mode, sa, sb, out_dtype, min(check_rows, M)) if check_rows else None
         outs = {}
         for fam in families.split(","):
-            dfn = tuple(defines) if fam == "cuda-tiled" else ()
+            dfn = tuple(defines)
 
             def launch(f=fam, d=dfn, p=plan):
                 return kernels.gemm_cuda(f, ad, btd, "e4m3", "e4m3", p, model, mode, sa, sb, None, out_dtype,

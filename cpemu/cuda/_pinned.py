@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "b71930be7323afe38dc06eb583c4ce4b845c9b19cfba503c64c4aced5c1069d6"
+MANIFEST_SHA256 = "fa0a96c5da9377e6e68261dd24bcc36c62dfd306036bb7a168a7387f66fe045b"

@@ -2,8 +2,12 @@
 
 Two kernel families compute the same bits as :mod:`cpemu.reference`:
 
-* ``"cuda-simple"`` -- ``cuda_src/gemm_simple.cu``: one output per thread, written to be
-  read side by side with the reference (integer T-FDPA steps, same function names);
+* ``"cuda-simple"`` -- ``cuda_src/gemm_simple.cu``: one output per thread. Two kernels
+  (:data:`SIMPLE_KERNELS`), picked by :func:`simple_kernel_for`: ``"per-output"``, written
+  to be read side by side with the reference (integer T-FDPA steps, same function names,
+  any instruction model), and, for 11 <= F <= 16 (Ada, Hopper), ``"staged"``: the block's
+  outputs share each step's decoded codes in shared memory, and each term is truncated by
+  an exact FP32 round-toward-zero multiply into the subnormal range;
 * ``"cuda-tiled"`` -- ``cuda_src/cpemu_tiled.cuh``: each step's FP8 codes decoded once per
   block into shared memory (the next step's codes load while this one computes); the
   truncated terms of Ada/Hopper (F <= 16) by exact round-toward-zero FP32 fused
@@ -38,9 +42,9 @@ from ..formats import CANONICAL_NAN, OUT_DTYPES, FP8Format, fp8_format
 from ..instruction import InstructionModel
 from ..schedule import Plan
 
-__all__ = ["FAMILIES", "KERNELS", "MODULES", "TILED_VARIANTS", "TILED_SMALL_M_MAX", "TENSOR_CORE", "DIRECT", "OUT_KIND",
-           "EPILOGUE_ORDERS", "FROM_SOURCE_ENV", "gemm_cuda", "get_kernel", "tiled_module_for", "tiled_threads",
-           "as_numpy", "source_path", "available"]
+__all__ = ["FAMILIES", "KERNELS", "MODULES", "TILED_VARIANTS", "TILED_SMALL_M_MAX", "SIMPLE_KERNELS", "TENSOR_CORE",
+           "DIRECT", "OUT_KIND", "EPILOGUE_ORDERS", "FROM_SOURCE_ENV", "gemm_cuda", "get_kernel", "tiled_module_for",
+           "simple_kernel_for", "tiled_threads", "as_numpy", "source_path", "available"]
 
 #: kernel family -> (module = cuda_src/<module>.cu = bin/<module>.fatbin, kernel name) of its
 #: default kernel; ``cuda-tiled`` also has the small-M geometry (TILED_VARIANTS)
@@ -75,7 +79,14 @@ TILED_VARIANTS = {
 }
 #: ``cuda-tiled`` runs GEMMs with M up to this on the small-M geometry.
 TILED_SMALL_M_MAX = 32
-SIMPLE_THREADS = 128
+#: Kernels of ``cuda-simple`` (all in ``cuda_src/gemm_simple.cu``): name -> (kernel, threads
+#: per block, outputs per block along M and N; 0: one thread per output, grid-stride)
+SIMPLE_KERNELS = {
+    "per-output": ("cpemu_gemm_simple", 128, 0, 0),
+    "staged": ("cpemu_gemm_simple_staged", 1024, 32, 32),
+}
+#: the instruction models (fraction bits F) that the staged kernel computes exactly
+SIMPLE_STAGED_F = (11, 16)
 #: K, the slice bounds and L must be multiples of this (8-byte loads of codes).
 K_ALIGN = 8
 
@@ -101,9 +112,10 @@ def _from_source() -> bool:
     return os.environ.get(FROM_SOURCE_ENV, "") == "1"
 
 
-def get_kernel(kernel_family: str, defines: tuple = (), module: str | None = None):
+def get_kernel(kernel_family: str, defines: tuple = (), module: str | None = None, kernel: str | None = None):
     """The ``cupy.RawKernel`` of ``kernel_family`` on the current device (cached); ``module``
-    picks a tiled geometry (a key of :data:`TILED_VARIANTS`; default: the family's own).
+    picks a tiled geometry (a key of :data:`TILED_VARIANTS`; default: the family's own);
+    ``kernel`` a kernel of ``cuda-simple`` (a key of :data:`SIMPLE_KERNELS`; default: its first).
 
     From the verified fatbin, or compiled from ``cuda_src`` when ``CPEMU_CUDA_FROM_SOURCE=1``
     or when ``defines`` (extra ``-D`` options, for tuning experiments) are given.
@@ -113,11 +125,16 @@ def get_kernel(kernel_family: str, defines: tuple = (), module: str | None = Non
     module = module or KERNELS[kernel_family][0]
     if module not in MODULES[kernel_family]:
         raise ValueError(f"module: must be one of {MODULES[kernel_family]} for {kernel_family} (got {module!r})")
-    name = TILED_VARIANTS[module][0] if module in TILED_VARIANTS else KERNELS[kernel_family][1]
+    if kernel is not None and (kernel_family != "cuda-simple" or kernel not in SIMPLE_KERNELS):
+        raise ValueError(f"kernel: must be None, or for cuda-simple one of {sorted(SIMPLE_KERNELS)} (got {kernel!r})")
+    if kernel is not None:
+        name = SIMPLE_KERNELS[kernel][0]
+    else:
+        name = TILED_VARIANTS[module][0] if module in TILED_VARIANTS else KERNELS[kernel_family][1]
     cupy = _cupy()
     dev = cupy.cuda.Device().id
     src = _from_source() or bool(defines)
-    key = (module, dev, src, tuple(defines))
+    key = (module, name, dev, src, tuple(defines))
     with _lock:
         fn = _cache.get(key)
         if fn is None:
@@ -258,7 +275,7 @@ def _static_config(a_format, b_format, plan, model, K: int, order_name, out_dtyp
 
 def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: Plan, model: InstructionModel,
               mode: dict, scale_a, scale_b, bias_f32, out_dtype: str, *, defines: tuple = (),
-              tiled_module: str | None = None):
+              tiled_module: str | None = None, simple_kernel: str | None = None):
     """Exact ``(a @ b) * scales (+ bias)`` on the GPU, bit for bit the reference's.
 
     ``a_codes`` (M, K) and ``bt_codes`` (N, K): C-contiguous cupy ``uint8`` arrays of FP8
@@ -276,6 +293,8 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     (``"NAME=VALUE"``) to compile the kernel from source with, for tuning experiments only.
     ``tiled_module``: the geometry of ``cuda-tiled`` (a key of :data:`TILED_VARIANTS`);
     default: :func:`tiled_module_for` the shape and the GPU (the bits are the same with either).
+    ``simple_kernel``: the kernel of ``cuda-simple`` (a key of :data:`SIMPLE_KERNELS`);
+    default: :func:`simple_kernel_for` the model (the bits are the same with either).
 
     ``kernel_family="cublaslt-tc"`` runs the same call on the device's tensor cores
     (:mod:`cpemu.cuda.tensorcore`, fast accumulation when ``plan.promotion`` is None); it
@@ -285,6 +304,9 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
         _fail("kernel_family", f"must be one of {DIRECT}", repr(kernel_family))
     if tiled_module is not None and (kernel_family != "cuda-tiled" or tiled_module not in TILED_VARIANTS):
         _fail("tiled_module", f"must be None, or for cuda-tiled one of {sorted(TILED_VARIANTS)}", repr(tiled_module))
+    if simple_kernel is not None and (kernel_family != "cuda-simple" or simple_kernel not in SIMPLE_KERNELS):
+        _fail("simple_kernel", f"must be None, or for cuda-simple one of {sorted(SIMPLE_KERNELS)}",
+              repr(simple_kernel))
     cupy = _cupy()
     if not isinstance(a_codes, cupy.ndarray):
         _fail("a_codes", "must be a cupy array of uint8 FP8 codes", type(a_codes).__name__)
@@ -339,10 +361,20 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
                 i32(R), i32(model.e_zero), sl, i32(len(slices)), i32(promotion), sa, i32(sa_stride), sb,
                 i32(sb_stride), i32(order), bias, i32(has_bias), out, i32(OUT_KIND[out_dtype]), np.uint32(nan_bits)]
         if kernel_family == "cuda-simple":
-            fn = get_kernel(kernel_family, tuple(defines))
-            total = M * N
-            grid = (min((total + SIMPLE_THREADS - 1) // SIMPLE_THREADS, 1 << 20), 1, 1)
-            fn(grid, (SIMPLE_THREADS, 1, 1), tuple(args))
+            if simple_kernel is None:
+                simple_kernel = simple_kernel_for(F)
+            elif simple_kernel == "staged" and not SIMPLE_STAGED_F[0] <= F <= SIMPLE_STAGED_F[1]:
+                _fail("simple_kernel", "'staged' computes instruction models with F in [{}, {}] only".format(
+                    *SIMPLE_STAGED_F), f"F = {F}")
+            fn = get_kernel(kernel_family, tuple(defines), kernel=simple_kernel)
+            threads, bm, bn = simple_geometry(simple_kernel, defines)
+            if bm:
+                grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, 1)
+                if grid[1] > 65535:
+                    _fail("a_codes", f"M must be at most {65535 * bm} for the staged kernel", M)
+            else:
+                grid = (min((M * N + threads - 1) // threads, 1 << 20), 1, 1)
+            fn(grid, (threads, 1, 1), tuple(args))
         else:
             need_ws = promotion > 0 or len(slices) > 1
             ws = cupy.empty(2 * M * N if need_ws else 1, dtype=cupy.float32)
@@ -354,6 +386,12 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
                 _fail("a_codes", f"M must be at most {65535 * bm} for the tiled kernel", M)
             fn(grid, (tiled_threads(module, defines), 1, 1), tuple(args + [ws]), shared_mem=smem)
     return out
+
+
+def simple_kernel_for(F: int) -> str:
+    """The kernel ``cuda-simple`` runs a model with ``F`` fraction bits on: ``"staged"`` where
+    it is exact (SIMPLE_STAGED_F: Ada, Hopper), else ``"per-output"`` (Blackwell's F = 25)."""
+    return "staged" if SIMPLE_STAGED_F[0] <= F <= SIMPLE_STAGED_F[1] else "per-output"
 
 
 def tiled_module_for(M: int, N: int, sm_count: int) -> str:
@@ -370,6 +408,17 @@ def tiled_module_for(M: int, N: int, sm_count: int) -> str:
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: int) -> int:
     return int(_cupy().cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+def simple_geometry(kernel: str, defines=()) -> tuple[int, int, int]:
+    """(threads per block, outputs per block along M, along N) of a ``cuda-simple`` kernel:
+    :data:`SIMPLE_KERNELS`, or the CPS_BM x CPS_BN of a tuning build of the staged kernel."""
+    _, threads, bm, bn = SIMPLE_KERNELS[kernel]
+    if bm:
+        d = dict(str(x).split("=", 1) for x in defines if "=" in str(x))
+        bm, bn = int(d.get("CPS_BM", bm)), int(d.get("CPS_BN", bn))
+        threads = bm * bn
+    return threads, bm, bn
 
 
 def tiled_threads(module: str, defines=()) -> int:
