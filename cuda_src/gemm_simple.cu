@@ -1,6 +1,7 @@
-// cpemu: the simple exact FP8 GEMM kernel -- one output per thread.
+// cpemu: the simple exact FP8 GEMM kernels -- one output per thread.
 //
-// This file is meant to be read side by side with cpemu/reference.py: every device
+// cpemu_gemm_simple, the per-output kernel (any instruction model), is meant to be read
+// side by side with cpemu/reference.py: every device
 // function below has the name of the reference function it implements (tfdpa, chain,
 // accumulate, epilogue, _split_fp32, _round_sum, _specials) and follows it line by line,
 // with scalars where the reference has arrays. The arithmetic of a T-FDPA step is integer
@@ -14,8 +15,10 @@
 // Build: NVRTC, no system header (built-in types, intrinsics and PTX only); the bits do not
 // depend on -ftz or --fmad (every FP32 operation is a PTX instruction without .ftz).
 //
-// Kernel: cpemu_gemm_simple (arguments documented at the kernel; the launch wrapper is
-// cpemu/cuda/kernels.py).
+// Kernels: cpemu_gemm_simple (arguments documented at the kernel; the launch wrapper is
+// cpemu/cuda/kernels.py) and, after it, cpemu_gemm_simple_staged (same arguments and bits,
+// for Ada and Hopper models: the block's outputs share each step's decoded codes in shared
+// memory, and the step's terms are truncated by FP32 round-toward-zero multiplies).
 
 #include "cpemu_fp32.cuh"
 #include "cpemu_fp8.cuh"
@@ -282,16 +285,25 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 // NaN/Inf: the stage records per row whether the step's codes hold a NaN or an Inf; those
 // outputs (and those whose accumulator is not finite) are finished by cps_specials, which
 // rereads the codes. Launch: grid (ceil(N / CPS_BN), ceil(M / CPS_BM)), CPS_THREADS
-// threads; K, the slice bounds and L multiples of 8 and L <= CPS_KT (kernels.py checks).
+// threads (the geometry below); K, the slice bounds and L multiples of 8 and L <= CPS_KT
+// (kernels.py checks).
 
+// Geometry: 32 x 32 outputs per block, two blocks per SM, where an SM holds 2048 threads
+// (sm_80, sm_90); 16 x 32, three blocks per SM, where it holds 1536 (sm_86, sm_89, sm_120).
+// kernels.py reads the block size back from the kernel (its maximum threads per block).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 800 && __CUDA_ARCH__ != 900
+#define CPS_BM_DEFAULT 16
+#define CPS_MINBLOCKS_DEFAULT 3
+#else
+#define CPS_BM_DEFAULT 32
+#define CPS_MINBLOCKS_DEFAULT 2
+#endif
 #ifndef CPS_BM
-#define CPS_BM 32  // outputs per block along M (a multiple of 4)
+#define CPS_BM CPS_BM_DEFAULT  // outputs per block along M (a multiple of 4)
 #endif
-#ifndef CPS_BN
-#define CPS_BN 32  // outputs per block along N (a multiple of 8)
-#endif
+#define CPS_BN 32  // outputs per block along N
 #ifndef CPS_MINBLOCKS
-#define CPS_MINBLOCKS 2  // __launch_bounds__: resident blocks per SM the registers must allow
+#define CPS_MINBLOCKS CPS_MINBLOCKS_DEFAULT  // __launch_bounds__: resident blocks per SM the registers must allow
 #endif
 #define CPS_THREADS (CPS_BM * CPS_BN)         // one output per thread; a warp takes 4 rows x 8 columns
 #define CPS_ROWS (CPS_BM + CPS_BN)            // staged rows: the block's rows of A, then of Bt
@@ -301,7 +313,8 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 #define CPS_ESTRIDE 40                        // exponents per staged row (likewise)
 #define CPS_SHIFT 58                          // staged values are value * 2**-CPS_SHIFT
 
-static_assert(CPS_BM % 4 == 0 && CPS_BN % 8 == 0 && CPS_THREADS <= 1024, "staged geometry");
+static_assert(CPS_BM % 4 == 0 && (CPS_BM == 16 || CPS_BM == 32), "staged geometry: kernels.py derives CPS_BM "
+              "from the threads per block (CPS_BM * 32)");
 static_assert(CPS_CHUNKS % 32 == 0 && CPS_CHUNKS <= CPS_THREADS, "cps_stage: whole warps, one chunk per thread");
 
 struct CpsStaged {

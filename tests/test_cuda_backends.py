@@ -55,6 +55,9 @@ if cp is not None:
 #: a tuning build of the tiled kernel under test: ``CPEMU_TEST_TILED_DEFINES="NAME=VALUE ..."``
 #: compiles cuda-tiled from cuda_src with those -D options (kernels.gemm_cuda's ``defines``)
 TILED_DEFINES = tuple(os.environ.get("CPEMU_TEST_TILED_DEFINES", "").split())
+#: likewise for cuda-simple (``CPEMU_TEST_SIMPLE_DEFINES``, e.g. the other staged geometry:
+#: ``CPS_BM=16 CPS_MINBLOCKS=3``)
+SIMPLE_DEFINES = tuple(os.environ.get("CPEMU_TEST_SIMPLE_DEFINES", "").split())
 #: the kernel families, the simple family forced onto its per-output kernel, and the tiled
 #: kernel forced onto each of its geometries ("family:variant"; plain "cuda-simple" picks its
 #: kernel by the model -- the staged one for Ada and Hopper -- and plain "cuda-tiled" its
@@ -73,6 +76,8 @@ def gemm_cuda(*args, **kw):
         kw.setdefault("simple_kernel" if name == "cuda-simple" else "tiled_module", variant)
     if name == "cuda-tiled" and TILED_DEFINES:
         kw.setdefault("defines", TILED_DEFINES)
+    if name == "cuda-simple" and SIMPLE_DEFINES:
+        kw.setdefault("defines", SIMPLE_DEFINES)
     return _gemm_cuda(name, *(args if by_name else args[1:]), **kw)
 
 TRUTH = os.path.join(os.path.dirname(__file__), "data", "h200")

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "fa0a96c5da9377e6e68261dd24bcc36c62dfd306036bb7a168a7387f66fe045b"
+MANIFEST_SHA256 = "6f3c18182e8a24d2e70cfa1164684b6c25852c1402eabaf9680a9ceb4a48e526"

@@ -80,10 +80,12 @@ TILED_VARIANTS = {
 #: ``cuda-tiled`` runs GEMMs with M up to this on the small-M geometry.
 TILED_SMALL_M_MAX = 32
 #: Kernels of ``cuda-simple`` (all in ``cuda_src/gemm_simple.cu``): name -> (kernel, threads
-#: per block, outputs per block along M and N; 0: one thread per output, grid-stride)
+#: per block, outputs per block along N). The per-output kernel: 128 threads, grid-stride over
+#: M * N; the staged kernel: blocks of (threads / 32) x 32 outputs, its block size read from
+#: the kernel (``max_threads_per_block``: 1024 where an SM holds 2048 threads, 512 elsewhere).
 SIMPLE_KERNELS = {
-    "per-output": ("cpemu_gemm_simple", 128, 0, 0),
-    "staged": ("cpemu_gemm_simple_staged", 1024, 32, 32),
+    "per-output": ("cpemu_gemm_simple", 128, 0),
+    "staged": ("cpemu_gemm_simple_staged", None, 32),
 }
 #: the instruction models (fraction bits F) that the staged kernel computes exactly
 SIMPLE_STAGED_F = (11, 16)
@@ -367,7 +369,7 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
                 _fail("simple_kernel", "'staged' computes instruction models with F in [{}, {}] only".format(
                     *SIMPLE_STAGED_F), f"F = {F}")
             fn = get_kernel(kernel_family, tuple(defines), kernel=simple_kernel)
-            threads, bm, bn = simple_geometry(simple_kernel, defines)
+            threads, bm, bn = simple_geometry(simple_kernel, fn)
             if bm:
                 grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, 1)
                 if grid[1] > 65535:
@@ -410,15 +412,17 @@ def _sm_count(device: int) -> int:
     return int(_cupy().cuda.Device(device).attributes["MultiProcessorCount"])
 
 
-def simple_geometry(kernel: str, defines=()) -> tuple[int, int, int]:
-    """(threads per block, outputs per block along M, along N) of a ``cuda-simple`` kernel:
-    :data:`SIMPLE_KERNELS`, or the CPS_BM x CPS_BN of a tuning build of the staged kernel."""
-    _, threads, bm, bn = SIMPLE_KERNELS[kernel]
-    if bm:
-        d = dict(str(x).split("=", 1) for x in defines if "=" in str(x))
-        bm, bn = int(d.get("CPS_BM", bm)), int(d.get("CPS_BN", bn))
-        threads = bm * bn
-    return threads, bm, bn
+def simple_geometry(kernel: str, fn) -> tuple[int, int, int]:
+    """(threads per block, outputs per block along M, along N; 0, 0 for a grid-stride kernel)
+    of the ``cuda-simple`` kernel ``fn`` (a ``cupy.RawKernel``): the staged kernel's block size
+    is its ``max_threads_per_block`` (its __launch_bounds__), one thread per output."""
+    _, threads, bn = SIMPLE_KERNELS[kernel]
+    if not bn:
+        return threads, 0, 0
+    threads = int(fn.max_threads_per_block)
+    if threads not in (512, 1024):
+        raise RuntimeError(f"the staged kernel declares {threads} threads per block (expected 512 or 1024)")
+    return threads, threads // bn, bn
 
 
 def tiled_threads(module: str, defines=()) -> int:
