@@ -299,7 +299,7 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 #define CPS_MINBLOCKS_DEFAULT 2
 #endif
 #ifndef CPS_BM
-#define CPS_BM CPS_BM_DEFAULT  // outputs per block along M (a multiple of 4)
+#define CPS_BM CPS_BM_DEFAULT  // outputs per block along M: 16 or 32
 #endif
 #define CPS_BN 32  // outputs per block along N
 #ifndef CPS_MINBLOCKS
@@ -313,8 +313,8 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 #define CPS_ESTRIDE 40                        // exponents per staged row (likewise)
 #define CPS_SHIFT 58                          // staged values are value * 2**-CPS_SHIFT
 
-static_assert(CPS_BM % 4 == 0 && (CPS_BM == 16 || CPS_BM == 32), "staged geometry: kernels.py derives CPS_BM "
-              "from the threads per block (CPS_BM * 32)");
+static_assert(CPS_BM == 16 || CPS_BM == 32, "staged geometry: kernels.py derives CPS_BM from the threads per block "
+              "(CPS_BM * 32)");
 static_assert(CPS_CHUNKS % 32 == 0 && CPS_CHUNKS <= CPS_THREADS, "cps_stage: whole warps, one chunk per thread");
 
 struct CpsStaged {

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "6f3c18182e8a24d2e70cfa1164684b6c25852c1402eabaf9680a9ceb4a48e526"
+MANIFEST_SHA256 = "a427c54b17f3399deb210da282a0aa57ff0af564416843babc4e7dda498c5fb6"

@@ -365,7 +365,7 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
         if kernel_family == "cuda-simple":
             if simple_kernel is None:
                 simple_kernel = simple_kernel_for(F)
-            elif simple_kernel == "staged" and not SIMPLE_STAGED_F[0] <= F <= SIMPLE_STAGED_F[1]:
+            elif simple_kernel == "staged" and simple_kernel_for(F) != "staged":
                 _fail("simple_kernel", "'staged' computes instruction models with F in [{}, {}] only".format(
                     *SIMPLE_STAGED_F), f"F = {F}")
             fn = get_kernel(kernel_family, tuple(defines), kernel=simple_kernel)
