@@ -259,9 +259,9 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 // with 11 <= F <= 16 (Ada, Hopper: F = 13; kernels.py picks the kernel). The threads of a
 // block (CPS_BM x CPS_BN outputs) run the same steps in the same order, so each step's FP8
 // codes of the block's CPS_BM rows of A and CPS_BN rows of Bt are decoded once into
-// shared memory (cps_stage: the value times 2**-CPS_SHIFT in FP32, and e_nz; the next
-// step's codes load while this one computes), and each thread computes reference.tfdpa for
-// its output from there (cps_tfdpa_staged):
+// shared memory (cps_stage: the value times 2**-CPS_SHIFT in FP32, and e_nz as one byte;
+// the next step's codes load while this one computes), and each thread computes
+// reference.tfdpa for its output from there (cps_tfdpa_staged):
 //
 //   e_max = max(e_a + e_b, exponent of c), as in cps_tfdpa;
 //   every term (each product, and c) is multiplied by 2**(F - 149 - e_max). That puts the
@@ -272,19 +272,27 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 //   grid 2**(e_max - F) -- sign * (P >> (e_max - E)) of cps_tfdpa, for either sign -- and
 //   the truncated terms add exactly with round-to-nearest adds, in any order. The sum's
 //   encoding is then S of cps_tfdpa (sign and magnitude in units of 2**-149), and
-//   cps_round_sum(S, e_max - F, R) is the exact product S * 2**(e_max - F) (one FP32
-//   multiply; S has at most 23 bits) rounded toward zero to R fraction bits with the floor
-//   at 2**-126: the low 23 - R bits of its encoding cleared.
+//   cps_round_sum(S, e_max - F, R) is the exact product S * 2**(e_max - F) (two exact FP32
+//   multiplies of the sum; S has at most 23 bits) rounded toward zero to R fraction bits
+//   with the floor at 2**-126: the low 23 - R bits of its encoding cleared.
 //
 // The products a * b are exact FP32 multiplies of the staged values (8 significant bits;
-// with the 2**-58 of each operand they lie in [2**-148, 2**32)), so a product's term takes
+// with the 2**-58 of each operand they lie in [2**-148, 2**-84)), so a product's term takes
 // three FP32 instructions (multiply, round-toward-zero multiply, add) and no integer work.
 // Only IEEE-defined operations with explicit rounding (PTX mul.rn, mul.rz, add.rn without
 // .ftz) and integer operations are used: the bits do not depend on the GPU.
 //
-// NaN/Inf: the stage records per row whether the step's codes hold a NaN or an Inf; those
-// outputs (and those whose accumulator is not finite) are finished by cps_specials, which
-// rereads the codes. Launch: grid (ceil(N / CPS_BN), ceil(M / CPS_BM)), CPS_THREADS
+// Bounds the step relies on: a finite c of a step is 0 or at least 2**-44 in magnitude (a
+// step's nonzero result is at least 2**(e_max - F), and a step with a nonzero term has a
+// nonzero product, e_a + e_b >= -28, or a nonzero c), and below 2**63 (|c| is at most the
+// sum of |a * b| over the chain: 2**32 * K). So whenever the result can be nonzero, -44 -
+// 16 < e_max < 63, and e_max is taken at least CPS_EMAX_FLOOR = -64: the powers of two
+// below are then normal FP32 numbers, built from their exponent alone.
+//
+// NaN/Inf: the stage records per row whether the step's codes hold a NaN or an Inf, and the
+// block learns at the stage's barrier whether any row does. Then those outputs (and those
+// whose accumulator is not finite, for the rest of the chain) are finished by cps_specials,
+// which rereads the codes. Launch: grid (ceil(N / CPS_BN), ceil(M / CPS_BM)), CPS_THREADS
 // threads (the geometry below); K, the slice bounds and L multiples of 8 and L <= CPS_KT
 // (kernels.py checks).
 
@@ -310,18 +318,21 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 #define CPS_KT 32                             // K elements per stage: the largest L
 #define CPS_CHUNKS (CPS_ROWS * CPS_KT / 4)    // 4-code chunks per stage
 #define CPS_VSTRIDE 36                        // floats per staged row: 16-byte loads of 8 rows hit 32 banks
-#define CPS_ESTRIDE 40                        // exponents per staged row (likewise)
+#define CPS_ESTRIDE 48                        // exponent bytes per staged row (likewise)
 #define CPS_SHIFT 58                          // staged values are value * 2**-CPS_SHIFT
+#define CPS_EBIAS 112                         // staged exponent byte: e_nz + CPS_EBIAS, 0 for zero codes
+#define CPS_EMAX_FLOOR (-64)                  // the least e_max a step uses (see above)
+#define CPS_PAST_END 0x100u                   // CpsStaged.special: the row is past the last of A or Bt
 
 static_assert(CPS_BM == 16 || CPS_BM == 32, "staged geometry: kernels.py derives CPS_BM from the threads per block "
               "(CPS_BM * 32)");
 static_assert(CPS_CHUNKS % 32 == 0 && CPS_CHUNKS <= CPS_THREADS, "cps_stage: whole warps, one chunk per thread");
 
 struct CpsStaged {
-    float v[CPS_ROWS][CPS_VSTRIDE];  // value * 2**-58 (0 for zero, NaN and Inf codes)
-    short e[CPS_ROWS][CPS_ESTRIDE];  // e_nz (CPS_ZERO_EXP for zero, NaN and Inf codes)
-    cps_u32 special[CPS_ROWS];       // nonzero: a NaN or Inf among the row's codes of the step
-    uint2 lut[2][256];  // per operand (0: A, 1: B) and code: .x bits of v, .y e_nz | NaN/Inf << 16
+    float v[CPS_ROWS][CPS_VSTRIDE];          // value * 2**-58 (0 for zero, NaN and Inf codes)
+    unsigned char e[CPS_ROWS][CPS_ESTRIDE];  // e_nz + CPS_EBIAS (0 for zero, NaN and Inf codes)
+    cps_u32 special[CPS_ROWS];               // a NaN or Inf among the row's codes of the step; CPS_PAST_END
+    uint2 lut[2][256];  // per operand (0: A, 1: B) and code: .x bits of v, .y e byte | NaN/Inf << 16
 };
 
 // 2**t as FP32 bits, for -149 <= t <= 127 (subnormal below -126).
@@ -329,18 +340,14 @@ __device__ __forceinline__ cps_u32 cps_pow2(int t) {
     return t >= -126 ? (cps_u32)(t + 127) << 23 : 1u << (t + 149);
 }
 
-// max(a + b, m) on two signed 16-bit lanes (one DPX instruction on sm_90).
-__device__ __forceinline__ cps_u32 cps_addmax2(cps_u32 a, cps_u32 b, cps_u32 m) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
-    return __viaddmax_s16x2(a, b, m);
-#else
-    const int lo = max((int)(short)(m & 0xFFFFu), (int)(short)(a & 0xFFFFu) + (int)(short)(b & 0xFFFFu));
-    const int hi = max((int)m >> 16, ((int)a >> 16) + ((int)b >> 16));
-    return ((cps_u32)lo & 0xFFFFu) | ((cps_u32)hi << 16);
-#endif
+// 2**t for -126 <= t <= 127 (a normal number).
+__device__ __forceinline__ float cps_pow2_normal(int t) {
+    return __uint_as_float((cps_u32)(t + 127) << 23);
 }
 
-// The decode tables of both operands (cps_decode of every code).
+// The decode tables of both operands (cps_decode of every code). The exponent byte:
+// e_nz + CPS_EBIAS is in [98, 127] for a nonzero finite code (e_nz in [-14, 15]), so the
+// sum of two bytes is at most 254 and that of a zero code's 0 with any byte at most 127.
 __device__ __forceinline__ void cps_build_lut(CpsStaged& sh, int a_e5m2, int b_e5m2) {
     for (int i = threadIdx.x; i < 512; i += CPS_THREADS) {
         const int op = i >> 8, is_e5m2 = op ? b_e5m2 : a_e5m2;
@@ -348,37 +355,46 @@ __device__ __forceinline__ void cps_build_lut(CpsStaged& sh, int a_e5m2, int b_e
         // sign * m * 2**(e - frac_bits - 58): m < 16 converts exactly; the power of two is normal
         const float v = cpemu_fmul_rn(__int2float_rn(d.sign * d.m),
                                       __uint_as_float(cps_pow2(d.e - cpemu_fp8_frac_bits(is_e5m2) - CPS_SHIFT)));
-        sh.lut[op][i & 255] = make_uint2(__float_as_uint(v), ((cps_u32)d.e_nz & 0xFFFFu) | ((cps_u32)(d.nan | d.inf) << 16));
+        const cps_u32 eb = d.m == 0 ? 0u : (cps_u32)(d.e + CPS_EBIAS);
+        sh.lut[op][i & 255] = make_uint2(__float_as_uint(v), eb | ((cps_u32)(d.nan | d.inf) << 16));
     }
 }
 
 // ------------------------------------------------------------------------ the stage
 
-// This thread's chunk of the stage for K elements [k, ke) (ke - k a multiple of 8, at most
-// CPS_KT): thread t < CPS_CHUNKS loads 4 codes (4 bytes) of staged row t / 8 -- the block's
-// rows of A from m0, then of Bt from n0 --, zero codes past ke and past the last row.
-__device__ __forceinline__ cps_u32 cps_fetch(const cps_u8* __restrict__ A, const cps_u8* __restrict__ Bt, int M,
-                                             int N, int K, int m0, int n0, int k, int ke) {
+// This thread's staged row: thread t < CPS_CHUNKS loads 4 codes (4 bytes) per stage of
+// staged row t / 8 -- the block's rows of A from m0, then of Bt from n0. Its codes from
+// column 4 * (t % 8), or nullptr for a thread without a chunk or past the last row.
+__device__ __forceinline__ const cps_u8* cps_chunk_src(const cps_u8* __restrict__ A, const cps_u8* __restrict__ Bt,
+                                                       int M, int N, int K, int m0, int n0) {
     const int r = threadIdx.x >> 3, q = threadIdx.x & 7;
     const int is_b = r >= CPS_BM;
     const int row = is_b ? n0 + r - CPS_BM : m0 + r;
-    const int kk = k + 4 * q;
-    if ((CPS_CHUNKS < CPS_THREADS && threadIdx.x >= CPS_CHUNKS) || row >= (is_b ? N : M) || kk >= ke) return 0u;
-    return __ldg((const cps_u32*)((is_b ? Bt : A) + (cps_i64)row * K + kk));
+    if ((CPS_CHUNKS < CPS_THREADS && threadIdx.x >= CPS_CHUNKS) || row >= (is_b ? N : M)) return nullptr;
+    return (is_b ? Bt : A) + (cps_i64)row * K + 4 * q;
 }
 
-// Decode this thread's chunk w (cps_fetch) into the stage.
-__device__ __forceinline__ void cps_stage(CpsStaged& sh, cps_u32 w) {
-    if (CPS_CHUNKS < CPS_THREADS && threadIdx.x >= CPS_CHUNKS) return;
+// This thread's chunk of the stage for K elements [k, ke) (ke - k a multiple of 8, at most
+// CPS_KT): zero codes past ke and past the last row.
+__device__ __forceinline__ cps_u32 cps_fetch(const cps_u8* __restrict__ src, int k, int ke) {
+    return src != nullptr && k + 4 * (int)(threadIdx.x & 7) < ke ? __ldg((const cps_u32*)(src + k)) : 0u;
+}
+
+// Decode this thread's chunk w (cps_fetch from src) into the stage; nonzero when it holds a
+// NaN or Inf.
+__device__ __forceinline__ cps_u32 cps_stage(CpsStaged& sh, cps_u32 w, const cps_u8* src) {
+    if (CPS_CHUNKS < CPS_THREADS && threadIdx.x >= CPS_CHUNKS) return 0u;
     const int r = threadIdx.x >> 3, q = threadIdx.x & 7;
     const uint2* lut = sh.lut[r >= CPS_BM];
     const uint2 d0 = lut[w & 0xFFu], d1 = lut[(w >> 8) & 0xFFu], d2 = lut[(w >> 16) & 0xFFu], d3 = lut[w >> 24];
     *(float4*)&sh.v[r][4 * q] =
         make_float4(__uint_as_float(d0.x), __uint_as_float(d1.x), __uint_as_float(d2.x), __uint_as_float(d3.x));
-    *(uint2*)&sh.e[r][4 * q] = make_uint2(__byte_perm(d0.y, d1.y, 0x5410), __byte_perm(d2.y, d3.y, 0x5410));
+    *(cps_u32*)&sh.e[r][4 * q] = __byte_perm(__byte_perm(d0.y, d1.y, 0x0040), __byte_perm(d2.y, d3.y, 0x0040), 0x5410);
     // the 8 threads of a staged row are lanes 8j..8j+7 of one warp
-    const cps_u32 ballot = __ballot_sync(0xFFFFFFFFu, (d0.y | d1.y | d2.y | d3.y) >> 16);
-    if (q == 0) sh.special[r] = (ballot >> (threadIdx.x & 24)) & 0xFFu;
+    const cps_u32 special = (d0.y | d1.y | d2.y | d3.y) >> 16;
+    const cps_u32 ballot = __ballot_sync(0xFFFFFFFFu, special);
+    if (q == 0) sh.special[r] = ((ballot >> (threadIdx.x & 24)) & 0xFFu) | (src == nullptr ? CPS_PAST_END : 0u);
+    return special;
 }
 
 // ------------------------------------------------------------------------ the schedule, step by step
@@ -429,29 +445,36 @@ __device__ __forceinline__ int cps_advance(CpsPos& p, const int* __restrict__ sl
 // elements computed, 16 or 32; codes of the stage past the step's end are zero codes, which
 // change nothing.
 template <int KL>
-__device__ __forceinline__ float cps_tfdpa_staged(const short* ea, const short* eb, const float* va, const float* vb,
-                                                  float c, int F, cps_u32 rmask) {
-    // e_max = max(E.max(axis=-1), ce); a zero c counts as -126 instead of e_zero (that changes
-    // e_max only when every product is zero, and the result is +0 either way); a non-finite
-    // c (finished by cps_specials) counts as 127
-    const int ce = min((int)max((__float_as_uint(c) >> 23) & 0xFFu, 1u) - 127, 127);
-    cps_u32 m2 = ((cps_u32)ce & 0xFFFFu) | ((cps_u32)ce << 16);  // two lanes: even and odd k
+__device__ __forceinline__ float cps_tfdpa_staged(const unsigned char* ea, const unsigned char* eb, const float* va,
+                                                  const float* vb, float c, int F, cps_u32 rmask) {
+    // e_max = max(E.max(axis=-1), ce). The exponent bytes of 4 k add in the bytes of one word
+    // (each sum <= 254: ea + eb + 2 * CPS_EBIAS, or at most 127 with a zero code); as two u16
+    // lanes the word's odd bytes are the high bytes, so the lanes' maximum has the largest odd
+    // byte on top whatever the even bytes hold; the even bytes are masked out
+    cps_u32 mo = 0u, me = 0u;
 #pragma unroll
-    for (int kk = 0; kk < KL; kk += 8) {
+    for (int kk = 0; kk < KL; kk += 16) {
         const uint4 x = *(const uint4*)&ea[kk], y = *(const uint4*)&eb[kk];
-        m2 = cps_addmax2(x.x, y.x, m2);
-        m2 = cps_addmax2(x.y, y.y, m2);
-        m2 = cps_addmax2(x.z, y.z, m2);
-        m2 = cps_addmax2(x.w, y.w, m2);
+        const cps_u32 s0 = x.x + y.x, s1 = x.y + y.y, s2 = x.z + y.z, s3 = x.w + y.w;
+        mo = __vimax3_u16x2(mo, s0, s1);
+        mo = __vimax3_u16x2(mo, s2, s3);
+        me = __vimax3_u16x2(me, s0 & 0x00FF00FFu, s1 & 0x00FF00FFu);
+        me = __vimax3_u16x2(me, s2 & 0x00FF00FFu, s3 & 0x00FF00FFu);
     }
-    const int e_max = max((int)(short)(m2 & 0xFFFFu), (int)m2 >> 16);
+    const cps_u32 mb = __vimax3_u16x2((mo >> 8) & 0x00FF00FFu, me, 0u);
+    // a product with a zero code has e at most 127 - 2 * CPS_EBIAS = -97, below every
+    // product's e_a + e_b: it can raise e_max only when every product is zero, and then
+    // also c (c = 0, or ce > -45) decides it, or the result is +0 whatever e_max is. The
+    // exponent field of c less 127: -127 for c = 0 (a finite nonzero c is normal), 128 for a
+    // non-finite c (finished by cps_specials)
+    const int ce = (int)((__float_as_uint(c) >> 23) & 0xFFu) - 127;
+    const int e_max = __vimax3_s32((int)max(mb & 0xFFFFu, mb >> 16) - 2 * CPS_EBIAS, ce, CPS_EMAX_FLOOR);
     // a product of staged values is p * 2**-116: times 2**(F - 33 - e_max) is p * 2**(F - 149 - e_max)
-    const float s = __uint_as_float(cps_pow2(F + 116 - 149 - e_max));
-    // c * 2**(F - 149 - e_max), truncated toward zero (c * 2**-e_max is exact whenever c can
-    // leave a nonzero term)
-    const float c_term = cpemu_fmul_rz(cpemu_fmul_rn(c, __uint_as_float(cps_pow2(-e_max))),
-                                       __uint_as_float(cps_pow2(F - 149)));
-    float t0 = c_term, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;  // exact sums: the order does not matter
+    const float s = cps_pow2_normal(F - 33 - e_max);
+    // c * 2**(F - 149 - e_max), truncated toward zero (c * 2**-e_max is exact)
+    const float c_term = cpemu_fmul_rz(cpemu_fmul_rn(c, cps_pow2_normal(-e_max)), __uint_as_float(cps_pow2(F - 149)));
+    // exact sums, in any order; t1..t3 start at +0, so the sum is never -0
+    float t0 = c_term, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < KL; kk += 4) {
         const float4 a = *(const float4*)&va[kk], b = *(const float4*)&vb[kk];
@@ -460,11 +483,12 @@ __device__ __forceinline__ float cps_tfdpa_staged(const short* ea, const short* 
         t2 = cpemu_fadd_rn(t2, cpemu_fmul_rz(cpemu_fmul_rn(a.z, b.z), s));
         t3 = cpemu_fadd_rn(t3, cpemu_fmul_rz(cpemu_fmul_rn(a.w, b.w), s));
     }
-    const cps_u32 u = __float_as_uint(cpemu_fadd_rn(cpemu_fadd_rn(t0, t1), cpemu_fadd_rn(t2, t3)));
-    const int S = (u >> 31) ? -(int)(u & 0x7FFFFFFFu) : (int)u;  // units of 2**-149 (|S| < 2**23)
-    // cps_round_sum(S, e_max - F, R); -0 -> +0
-    const cps_u32 r = __float_as_uint(cpemu_fmul_rn(__int2float_rn(S), __uint_as_float(cps_pow2(e_max - F)))) & rmask;
-    return __uint_as_float(r == 0x80000000u ? 0u : r);
+    const float sum = cpemu_fadd_rn(cpemu_fadd_rn(t0, t1), cpemu_fadd_rn(t2, t3));
+    // cps_round_sum(S, e_max - F, R): sum = S * 2**-149, times 2**100 (exact: |sum| < 2**-125)
+    // and 2**(49 + e_max - F) (exact: the product is 0 or at least 2**-60)
+    return __uint_as_float(
+        __float_as_uint(cpemu_fmul_rn(cpemu_fmul_rn(sum, cps_pow2_normal(100)), cps_pow2_normal(49 + e_max - F))) &
+        rmask);
 }
 
 // ------------------------------------------------------------------------ kernel
@@ -482,45 +506,48 @@ extern "C" __global__ void __launch_bounds__(CPS_THREADS, CPS_MINBLOCKS)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int ty = warp / (CPS_BN / 8) * 4 + (lane >> 3), tx = warp % (CPS_BN / 8) * 8 + (lane & 7);
     const int m0 = blockIdx.y * CPS_BM, n0 = blockIdx.x * CPS_BN;
-    const int m = m0 + ty, n = n0 + tx;
-    const int live = m < M && n < N;
-    const cps_u8* arow = A + (cps_i64)min(m, M - 1) * K;
-    const cps_u8* brow = Bt + (cps_i64)min(n, N - 1) * K;
+    const cps_u8* src = cps_chunk_src(A, Bt, M, N, K, m0, n0);
     const cps_u32 rmask = 0xFFFFFFFFu << (23 - R);
     const int chain_len = promotion > 0 ? promotion * L : 0;
     // cps_accumulate, with the steps of all the block's outputs in step; each step's codes
     // load while the step before computes
     CpsPos cur;
     cps_slice_start(cur, slices, 0, chain_len, L);
-    cps_u32 w = cps_fetch(A, Bt, M, N, K, m0, n0, cur.k, cur.ke);
-    float c = 0.0f, p = 0.0f, partial = 0.0f;
-    int first_chain = 1;  // the chain is the first of its slice
+    cps_u32 w = cps_fetch(src, cur.k, cur.ke);
+    // p and partial start at -0, so that adding the first chain's (slice's) result gives it
+    // unchanged (a NaN aside, whose payload the output does not keep)
+    float c = 0.0f, p = -0.0f, partial = -0.0f;
+    int chain_special = 0;  // a NaN or Inf code in the block's codes of the chain so far
     for (;;) {
         __syncthreads();  // the previous step's stage has been read
-        cps_stage(sh, w);
-        __syncthreads();
+        chain_special |= __syncthreads_or(cps_stage(sh, w, src));
         CpsPos next = cur;
         const int event = cps_advance(next, slices, n_slices, chain_len, L);
-        if (event != 3) w = cps_fetch(A, Bt, M, N, K, m0, n0, next.k, next.ke);
+        if (event != 3) w = cps_fetch(src, next.k, next.ke);
         float y = L <= 16 ? cps_tfdpa_staged<16>(sh.e[ty], sh.e[CPS_BM + tx], sh.v[ty], sh.v[CPS_BM + tx], c, F, rmask)
                           : cps_tfdpa_staged<CPS_KT>(sh.e[ty], sh.e[CPS_BM + tx], sh.v[ty], sh.v[CPS_BM + tx], c, F,
                                                      rmask);
-        if (live && ((sh.special[ty] | sh.special[CPS_BM + tx]) || (__float_as_uint(c) & 0x7F800000u) == 0x7F800000u))
-            y = cps_specials(y, c, arow, brow, cur.k, cur.ke, a_fmt, b_fmt);
+        if (chain_special) {  // block-uniform
+            const cps_u32 f = sh.special[ty] | sh.special[CPS_BM + tx];
+            if (!(f & CPS_PAST_END) && (f || (__float_as_uint(c) & 0x7F800000u) == 0x7F800000u))
+                y = cps_specials(y, c, A + (cps_i64)(m0 + ty) * K, Bt + (cps_i64)(n0 + tx) * K, cur.k, cur.ke, a_fmt,
+                                 b_fmt);
+        }
         c = y;
-        if (event != 0) {  // the chain ends (cps_chain's result)
-            p = first_chain ? c : cpemu_fadd_rn(p, c);  // float32 + float32: IEEE RN
-            first_chain = 0;
+        if (event != 0) {  // the chain ends (cps_chain's result): float32 + float32, IEEE RN
+            p = cpemu_fadd_rn(p, c);
             c = 0.0f;
+            chain_special = 0;
             if (event != 1) {  // the slice ends
-                partial = cur.s == 0 ? p : cpemu_fadd_rn(partial, p);
-                first_chain = 1;
+                partial = cpemu_fadd_rn(partial, p);
+                p = -0.0f;
             }
         }
         if (event == 3) break;
         cur = next;
     }
-    if (live) {
+    const int m = m0 + ty, n = n0 + tx;
+    if (m < M && n < N) {
         const float y = cpemu_epilogue(partial, scale_a[(cps_i64)m * sa_stride], scale_b[(cps_i64)n * sb_stride],
                                        has_bias, has_bias ? bias[n] : 0.0f, ep_order);
         cps_store(out, (cps_i64)m * N + n, y, out_kind, nan_bits);

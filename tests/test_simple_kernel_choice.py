@@ -52,6 +52,10 @@ def test_constants_match_the_source():
     for name, threads, bn in kernels.SIMPLE_KERNELS.values():
         assert re.search(rf'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s*{name}\(', SRC), name
     assert re.search(r"#define CPS_BN 32\b", SRC)
+    # the constants tests/test_simple_staged_arithmetic.py re-implements the kernel with
+    assert re.search(r"#define CPS_SHIFT 58\b", SRC)
+    assert re.search(r"#define CPS_EBIAS 112\b", SRC)
+    assert re.search(r"#define CPS_EMAX_FLOOR \(-64\)", SRC)
     assert kernels.SIMPLE_KERNELS["staged"][2] == 32
     # the per-architecture geometry: 32 x 32 (1024 threads) where an SM holds 2048 threads
     assert re.search(r"__CUDA_ARCH__ != 800 && __CUDA_ARCH__ != 900\s*\n#define CPS_BM_DEFAULT 16", SRC)

@@ -1,21 +1,24 @@
 """The arithmetic of cuda-simple's staged kernel (cuda_src/gemm_simple.cu, cps_tfdpa_staged), on the CPU.
 
 The kernel computes a T-FDPA step in FP32 arithmetic, not the reference's integers: operands
-staged as ``value * 2**-58``; ``e_max`` from the exponents; every product ``RZ((a' b') * s)``
-with ``s = 2**(F - 33 - e_max)`` -- a round-toward-zero multiply whose result lies in FP32's
-subnormal range, so that it truncates the product to the step's grid for either sign --; ``c``
-as ``RZ(RN(c * 2**-e_max) * 2**(F - 149))``; the terms summed with round-to-nearest adds in four
-interleaved partial sums; the sum's encoding read as sign and magnitude ``S``; the result
-``RN(S * 2**(e_max - F))`` with the low ``23 - R`` bits cleared.
+staged as ``value * 2**-58`` with an exponent byte ``e + 112`` (0 for a zero code); ``e_max``
+from byte sums packed four to a word and maximised as u16 lanes, floored at -64; every product
+``RZ((a' b') * s)`` with ``s = 2**(F - 33 - e_max)`` -- a round-toward-zero multiply whose
+result lies in FP32's subnormal range, so that it truncates the product to the step's grid for
+either sign --; ``c`` as ``RZ(RN(c * 2**-e_max) * 2**(F - 149))``; the terms summed with
+round-to-nearest adds in four interleaved partial sums; the result ``RN(RN(sum * 2**100) *
+2**(49 + e_max - F))`` with the low ``23 - R`` bits cleared.
 
 Here each FP32 operation is carried out as IEEE specifies it -- the exact result (float64 holds
 every one here) rounded once to FP32, to nearest (numpy float32) or toward zero (``_f32_rz``) --
-in the kernel's order, and compared bit for bit with ``cpemu.reference.tfdpa`` over every pair
-of codes of each format, boundary accumulators (zero, signed zero, subnormal, the largest
-finite), and random steps of several data kinds. The exactness claims of the kernel's comment
-(every product and partial sum exact, ``|S| < 2**23``) are asserted as it goes. On a GPU the
-kernel itself is compared with the reference and the H200 recordings
-(tests/test_cuda_backends.py).
+and each integer operation on the same words, in the kernel's order, and compared bit for bit
+with ``cpemu.reference.tfdpa`` over every pair of codes of each format, boundary accumulators
+(zero, the smallest and largest a chain can reach), and random steps and chains of several
+data kinds. The claims of the kernel's comment are asserted as it goes: the byte sums never
+carry, the lanes' maximum is the largest byte sum, every power of two used is a normal number,
+every product and partial sum is exact, the sum is never -0, the accumulator a chain reaches is
+0 or in [2**-44, 2**63). On a GPU the kernel itself is compared with the reference and the H200
+recordings (tests/test_cuda_backends.py).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from cpemu.formats import FP8_FORMATS
 from cpemu.instruction import ADA_SM89, HOPPER_SM90A
 
 SHIFT = 58  # CPS_SHIFT
-ZERO_EXP = -1000  # CPS_ZERO_EXP
+EBIAS = 112  # CPS_EBIAS
+EMAX_FLOOR = -64  # CPS_EMAX_FLOOR
 
 
 def _pow2(t: np.ndarray) -> np.ndarray:
@@ -38,6 +42,13 @@ def _pow2(t: np.ndarray) -> np.ndarray:
     assert ((t >= -149) & (t <= 127)).all(), t
     bits = np.where(t >= -126, (t + 127) << 23, np.left_shift(1, np.clip(t + 149, 0, 31)))
     return bits.astype(np.uint32).view(np.float32)
+
+
+def _pow2_normal(t: np.ndarray) -> np.ndarray:
+    """cps_pow2_normal: 2**t from the exponent field alone, which needs -126 <= t <= 127."""
+    t = np.asarray(t, dtype=np.int64)
+    assert ((t >= -126) & (t <= 127)).all(), (t.min(), t.max())
+    return ((t + 127) << 23).astype(np.uint32).view(np.float32)
 
 
 def _f32_rz(x: np.ndarray) -> np.ndarray:
@@ -53,12 +64,42 @@ def _bits(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float32).view(np.uint32)
 
 
+def _reachable(c: np.ndarray) -> bool:
+    """The accumulators a chain can hand a step: 0, or 2**-44 <= |c| < 2**63."""
+    a = np.abs(np.asarray(c, np.float64))
+    return bool(((a == 0) | ((a >= 2.0 ** -44) & (a < 2.0 ** 63))).all())
+
+
+def _byte_e_max(ba: np.ndarray, bb: np.ndarray) -> np.ndarray:
+    """The largest byte sum ba + bb over k, as the kernel finds it: (M, kl) and (N, kl) bytes,
+    four k to a little-endian word, words added as u32, the maxima taken over u16 lanes of the
+    sums (odd bytes on top) and of the sums masked to their even bytes."""
+    wa = ba.astype(np.uint32).reshape(ba.shape[0], -1, 4) << np.array([0, 8, 16, 24], np.uint32)
+    wb = bb.astype(np.uint32).reshape(bb.shape[0], -1, 4) << np.array([0, 8, 16, 24], np.uint32)
+    wa, wb = wa.sum(axis=2, dtype=np.uint32), wb.sum(axis=2, dtype=np.uint32)
+    s = wa[:, None, :].astype(np.uint64) + wb[None, :, :]
+    assert (s < 1 << 32).all()
+    s = s.astype(np.uint32)
+
+    def lanes_max(x):  # max over words of each u16 lane
+        return np.stack([(x & 0xFFFF).max(axis=-1), (x >> 16).max(axis=-1)], axis=-1)
+
+    mo = lanes_max(s)
+    me = lanes_max(s & 0x00FF00FF)
+    mb = np.maximum(mo >> 8, me).max(axis=-1).astype(np.int64)
+    byte_sums = ba[:, None, :].astype(np.int64) + bb[None, :, :]
+    assert (byte_sums <= 255).all()  # no byte carries into the next
+    assert (mb == byte_sums.max(axis=2)).all()
+    return mb
+
+
 def staged_tfdpa(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: str, fb: str, model,
                  kl: int) -> np.ndarray:
-    """cps_tfdpa_staged for a block of outputs, as reference.tfdpa takes it: c (M, N) float32,
-    a_codes (M, k) and b_codes (N, k) finite codes, k <= kl (the stage's zero codes fill the
-    rest). Returns (M, N) float32."""
+    """cps_tfdpa_staged for a block of outputs, as reference.tfdpa takes it: c (M, N) float32
+    (an accumulator a chain can reach), a_codes (M, k) and b_codes (N, k) finite codes, k <= kl
+    (the stage's zero codes fill the rest). Returns (M, N) float32."""
     F, R = model.F, model.result_fraction_bits
+    assert _reachable(c)
     k = a_codes.shape[1]
     staged = []
     for codes, name in ((a_codes, fa), (b_codes, fb)):
@@ -69,13 +110,16 @@ def staged_tfdpa(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: st
         # cps_build_lut: RN(sign * m * 2**(e - fb - 58)) -- exact, m < 16 and a normal power of two
         v = (sign[codes] * m[codes]).astype(np.float32) * _pow2(e[codes] - fmt.frac_bits - SHIFT)
         assert (v.astype(np.float64) == sign[codes] * m[codes] * np.exp2(e[codes] - fmt.frac_bits - SHIFT)).all()
-        staged.append((v, np.where(m[codes] == 0, ZERO_EXP, e[codes]).astype(np.int64)))
-    (va, ea), (vb, eb) = staged
-    cb = _bits(c).astype(np.int64)
-    ce = np.minimum(np.maximum((cb >> 23) & 0xFF, 1) - 127, 127)
-    e_max = np.maximum((ea[:, None, :] + eb[None, :, :]).max(axis=2), ce)
-    s = _pow2(F + 116 - 149 - e_max).astype(np.float64)
-    c_term = _f32_rz((c.astype(np.float32) * _pow2(-e_max)).astype(np.float64) * _pow2(F - 149).astype(np.float64))
+        byte = np.where(m[codes] == 0, 0, e[codes] + EBIAS)
+        assert ((byte == 0) | ((byte >= 98) & (byte <= 127))).all()
+        staged.append((v, byte.astype(np.uint8)))
+    (va, ba), (vb, bb) = staged
+    ce = ((_bits(c).astype(np.int64) >> 23) & 0xFF) - 127
+    e_max = np.maximum(np.maximum(_byte_e_max(ba, bb) - 2 * EBIAS, ce), EMAX_FLOOR)
+    s = _pow2_normal(F - 33 - e_max).astype(np.float64)
+    cs = c.astype(np.float32) * _pow2_normal(-e_max)
+    assert (cs.astype(np.float64) == c.astype(np.float64) * np.exp2(-e_max.astype(np.float64))).all()
+    c_term = _f32_rz(cs.astype(np.float64) * _pow2(F - 149).astype(np.float64))
     shape = c.shape
     t = [c_term, np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(shape, np.float32)]
     for kk in range(kl):
@@ -88,15 +132,16 @@ def staged_tfdpa(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: st
         assert (t[h].astype(np.float64) == exact).all() and (np.abs(exact) < 2.0 ** -125).all()
     total = (t[0] + t[1]) + (t[2] + t[3])
     assert (np.abs(total.astype(np.float64)) < 2.0 ** -125).all()
+    assert (_bits(total) != 0x80000000).all()  # never -0
     u = _bits(total).astype(np.int64)
-    S = np.where(u >> 31, -(u & 0x7FFFFFFF), u)
+    S = np.where(u >> 31, -(u & 0x7FFFFFFF), u)  # the sum in units of 2**-149
     assert (np.abs(S) < 1 << 23).all()
-    val = S.astype(np.float32) * _pow2(e_max - F)  # RN; exact unless it overflows to inf
+    up = total * _pow2_normal(np.full(shape, 100))  # RN; exact
+    val = up * _pow2_normal(49 + e_max - F)  # RN; exact
     exact = S.astype(np.float64) * np.exp2((e_max - F).astype(np.float64))
-    finite = np.abs(exact) < 2.0 ** 128
-    assert (val.astype(np.float64)[finite] == exact[finite]).all()
+    assert (up.astype(np.float64) == total.astype(np.float64) * 2.0 ** 100).all()
+    assert (val.astype(np.float64) == exact).all()
     r = _bits(val) & np.uint32((0xFFFFFFFF << (23 - R)) & 0xFFFFFFFF)
-    r = np.where(r == 0x80000000, 0, r).astype(np.uint32)  # -0 -> +0
     return r.view(np.float32)
 
 
@@ -112,8 +157,10 @@ def _assert_same(got, want, what):
 
 
 FORMATS = [("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"), ("e5m2", "e5m2")]
-ACCUMULATORS = np.array([0.0, -0.0, 1.0, -3.0, 2.0 ** -140, -(2.0 ** -130), 6.5e4, -1.0e9, 3.4e38, -3.0e38],
-                        np.float32)
+# the accumulators a chain can reach: 0 (and -0, which a chain never hands on), 2**-44 (the
+# least nonzero), below 2**63 (the largest: 2**32 per product times K < 2**31)
+BIG = (2.0 ** 24 - 1) * 2.0 ** 39
+ACCUMULATORS = np.array([0.0, -0.0, 1.0, -3.0, 2.0 ** -44, -(2.0 ** -43) * 3, 6.5e4, -1.0e9, BIG, -BIG], np.float32)
 
 
 def _finite_codes(fmt: str) -> np.ndarray:
@@ -155,11 +202,12 @@ def test_random_steps_and_chains(model, kl, data):
             ks = slice(k, min(k + model.L, K))
             want = _reference(c, a[:, ks], b[:, ks], fa, fb, model)
             _assert_same(staged_tfdpa(c, a[:, ks], b[:, ks], fa, fb, model, kl), want, f"{data} {fa}x{fb} k={k}")
+            assert _reachable(want)
             c = want
 
 
 def test_boundary_accumulators():
-    """Zero and signed-zero steps, subnormal and the largest finite accumulators, cancellation."""
+    """Zero and signed-zero steps, the least and the largest accumulators, cancellation."""
     rng = np.random.default_rng(5)
     ca = _finite_codes("e4m3")
     c = np.tile(ACCUMULATORS, (8, 1))
@@ -168,6 +216,9 @@ def test_boundary_accumulators():
         b = rng.choice(ca, (len(ACCUMULATORS), 32))
         if trial % 4 == 0:
             a = np.where(rng.random(a.shape) < 0.8, np.uint8(0x80 * (trial % 8 == 0)), a)  # mostly (-)0 codes
+        if trial % 4 == 2:  # every product zero: c alone; with negative codes of b every product is -0
+            a = np.full(a.shape, np.uint8(0x80 * (trial % 8 == 6)))  # a zero code's staged value is +0
+            b = b | np.uint8(0x80) if trial % 8 == 2 else b
         if trial % 4 == 1:  # pairs of products that cancel exactly
             a = np.concatenate([a[:, :16], a[:, :16]], axis=1)
             b = np.concatenate([b[:, :16], b[:, :16] ^ np.uint8(0x80)], axis=1)

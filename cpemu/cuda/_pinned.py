@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "a427c54b17f3399deb210da282a0aa57ff0af564416843babc4e7dda498c5fb6"
+MANIFEST_SHA256 = "f38f675750e9d0afbf92236ed88610aa31dfbf6764c9638ec17c24efe377028d"
