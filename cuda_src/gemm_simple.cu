@@ -282,12 +282,13 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 // Only IEEE-defined operations with explicit rounding (PTX mul.rn, mul.rz, add.rn without
 // .ftz) and integer operations are used: the bits do not depend on the GPU.
 //
-// Bounds the step relies on: a finite c of a step is 0 or at least 2**-44 in magnitude (a
-// step's nonzero result is at least 2**(e_max - F), and a step with a nonzero term has a
-// nonzero product, e_a + e_b >= -28, or a nonzero c), and below 2**63 (|c| is at most the
-// sum of |a * b| over the chain: 2**32 * K). So whenever the result can be nonzero, -44 -
-// 16 < e_max < 63, and e_max is taken at least CPS_EMAX_FLOOR = -64: the powers of two
-// below are then normal FP32 numbers, built from their exponent alone.
+// Bounds the step relies on: a finite c of a step is 0 or in [2**-44, 2**63). Below: a
+// step with a nonzero product has e_max >= -28 (e_a + e_b >= -28), so its nonzero result
+// is at least 2**(e_max - F) >= 2**-44 (F <= 16); a step whose only nonzero term is c keeps
+// c's leading bit. Above: |c| is at most the sum of |a * b| over the chain, below 2**32 * K.
+// So whenever the result can be nonzero, -44 <= e_max < 63; e_max is taken at least
+// CPS_EMAX_FLOOR = -64, and the powers of two below are then normal FP32 numbers, built from
+// their exponent alone.
 //
 // NaN/Inf: the stage records per row whether the step's codes hold a NaN or an Inf, and the
 // block learns at the stage's barrier whether any row does. Then those outputs (and those

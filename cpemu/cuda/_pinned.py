@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "f38f675750e9d0afbf92236ed88610aa31dfbf6764c9638ec17c24efe377028d"
+MANIFEST_SHA256 = "2847cbb65dc6b57be5499b7874812a97f1299197db79226ba80832bb7f93ee20"
