@@ -341,6 +341,19 @@ __device__ __forceinline__ cps_u32 cps_pow2(int t) {
     return t >= -126 ? (cps_u32)(t + 127) << 23 : 1u << (t + 149);
 }
 
+// max(a, b, c) per unsigned 16-bit lane: one DPX instruction on sm_90, two SIMD maxima
+// elsewhere (CPS_PORTABLE_MAX=1 builds the latter on sm_90 too, so that it can be tested there).
+#ifndef CPS_PORTABLE_MAX
+#define CPS_PORTABLE_MAX 0
+#endif
+__device__ __forceinline__ cps_u32 cps_max3_u16x2(cps_u32 a, cps_u32 b, cps_u32 c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !CPS_PORTABLE_MAX
+    return __vimax3_u16x2(a, b, c);
+#else
+    return __vmaxu2(__vmaxu2(a, b), c);
+#endif
+}
+
 // 2**t for -126 <= t <= 127 (a normal number).
 __device__ __forceinline__ float cps_pow2_normal(int t) {
     return __uint_as_float((cps_u32)(t + 127) << 23);
@@ -457,12 +470,12 @@ __device__ __forceinline__ float cps_tfdpa_staged(const unsigned char* ea, const
     for (int kk = 0; kk < KL; kk += 16) {
         const uint4 x = *(const uint4*)&ea[kk], y = *(const uint4*)&eb[kk];
         const cps_u32 s0 = x.x + y.x, s1 = x.y + y.y, s2 = x.z + y.z, s3 = x.w + y.w;
-        mo = __vimax3_u16x2(mo, s0, s1);
-        mo = __vimax3_u16x2(mo, s2, s3);
-        me = __vimax3_u16x2(me, s0 & 0x00FF00FFu, s1 & 0x00FF00FFu);
-        me = __vimax3_u16x2(me, s2 & 0x00FF00FFu, s3 & 0x00FF00FFu);
+        mo = cps_max3_u16x2(mo, s0, s1);
+        mo = cps_max3_u16x2(mo, s2, s3);
+        me = cps_max3_u16x2(me, s0 & 0x00FF00FFu, s1 & 0x00FF00FFu);
+        me = cps_max3_u16x2(me, s2 & 0x00FF00FFu, s3 & 0x00FF00FFu);
     }
-    const cps_u32 mb = __vimax3_u16x2((mo >> 8) & 0x00FF00FFu, me, 0u);
+    const cps_u32 mb = cps_max3_u16x2((mo >> 8) & 0x00FF00FFu, me, 0u);
     // a product with a zero code has e at most 127 - 2 * CPS_EBIAS = -97, below every
     // product's e_a + e_b: it can raise e_max only when every product is zero, and then
     // also c (c = 0, or ce > -45) decides it, or the result is +0 whatever e_max is. The

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "2847cbb65dc6b57be5499b7874812a97f1299197db79226ba80832bb7f93ee20"
+MANIFEST_SHA256 = "1bc7ee86927c21beefc7e1ece3e8c34baa9e3b7058219112262369e4a20244c2"
