@@ -115,11 +115,10 @@ def main(out_path, shape, profile, families, windows, window_ms, check_rows, out
         want = reference_rows(a, bt, plan, model, mode, sa, sb, out_dtype, min(check_rows, M)) if check_rows else None
         outs = {}
         for fam in families.split(","):
-            dfn = tuple(defines)
 
-            def launch(f=fam, d=dfn, p=plan):
+            def launch(f=fam, p=plan):
                 return kernels.gemm_cuda(f, ad, btd, "e4m3", "e4m3", p, model, mode, sa, sb, None, out_dtype,
-                                         defines=d)
+                                         defines=tuple(defines))
 
             y = launch()
             ms, per, iters = time_windows(cp, launch, windows, window_ms)
