@@ -60,6 +60,7 @@
 
 #include "cpemu_fp32.cuh"
 #include "cpemu_fp8.cuh"
+#include "cpemu_schedule.cuh"
 
 typedef unsigned char cpt_u8;
 typedef unsigned short cpt_u16;
@@ -567,15 +568,6 @@ __device__ __forceinline__ void cpt_sum_int(const CptStage& sh, int ty, int tx, 
         for (int j = 0; j < CPT_TN; ++j) out[i][j] = cpt_round_sum(S[i][j], em[i][j] - F, R);
 }
 
-// End of the T-FDPA step that starts at K element k of slice s: the chain (promotion
-// interval, or the whole slice) and L bound it.
-__device__ __forceinline__ int cpt_step_end(const int* __restrict__ slices, int s, int k, int promotion, int L) {
-    const int k0 = slices[2 * s], k1 = slices[2 * s + 1];
-    const int clen = promotion > 0 ? promotion * L : (k1 - k0);
-    const int cend = min(k0 + ((k - k0) / clen + 1) * clen, k1);
-    return min(k + L, cend);
-}
-
 // formats.encode_output for one value; the bf16 and fp16 branches are cpemu_encode_bf16 /
 // cpemu_encode_f16 (cpemu_fp32.cuh) with the NaN test shared, fused here for the tile loop.
 __device__ __forceinline__ cpt_u32 cpt_encode(float y, int out_kind, cpt_u32 nan_bits) {
@@ -637,19 +629,13 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
     int cbad = 0;  // some accumulator of this thread may be NaN / Inf
 
     uint2 ra[CPT_LOADS(CPT_BM)], rb[CPT_LOADS(CPT_BN)];
-    int s = 0, k = slices[0];
-    {
-        const int ke = cpt_step_end(slices, 0, k, promotion, L);
-        cpt_fetch<CPT_BM>(A, M, K, m0, k, ke, ra);
-        cpt_fetch<CPT_BN>(Bt, N, K, n0, k, ke, rb);
-    }
+    CpemuStep cur;  // the step's place in the schedule (cpemu_schedule.cuh)
+    cpemu_step_slice(cur, slices, 0, promotion, L);
+    cpt_fetch<CPT_BM>(A, M, K, m0, cur.k, cur.ke, ra);
+    cpt_fetch<CPT_BN>(Bt, N, K, n0, cur.k, cur.ke, rb);
     const CptStage& st = sh.st;
-    while (s < n_slices) {
-        const int k0 = slices[2 * s], k1 = slices[2 * s + 1];
-        const int clen = promotion > 0 ? promotion * L : (k1 - k0);
-        const int cstart = k0 + ((k - k0) / clen) * clen;
-        const int cend = min(cstart + clen, k1);
-        const int ke = min(k + L, cend);
+    for (;;) {
+        const int s = cur.s, k = cur.k, ke = cur.ke, k0 = cur.k0, k1 = cur.k1, cstart = cur.cstart, cend = cur.cend;
 
         __syncthreads();  // the previous step is done with the stage (and the LUTs are built)
         cpt_store(sh.st.a, ra, sh.lut[0], a_fmt, bf_emax);
@@ -657,15 +643,11 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
         __syncthreads();
 
         // prefetch the next step's codes while this one computes
-        int ns = s, nk = ke;
-        if (nk >= k1) {
-            ns = s + 1;
-            nk = ns < n_slices ? slices[2 * ns] : 0;
-        }
-        if (ns < n_slices) {
-            const int nke = cpt_step_end(slices, ns, nk, promotion, L);
-            cpt_fetch<CPT_BM>(A, M, K, m0, nk, nke, ra);
-            cpt_fetch<CPT_BN>(Bt, N, K, n0, nk, nke, rb);
+        CpemuStep next = cur;
+        const int more = cpemu_step_next(next, slices, n_slices, promotion, L) != 3;
+        if (more) {
+            cpt_fetch<CPT_BM>(A, M, K, m0, next.k, next.ke, ra);
+            cpt_fetch<CPT_BN>(Bt, N, K, n0, next.k, next.ke, rb);
         }
 
         if (k == cstart) {  // a chain starts from +0
@@ -764,8 +746,8 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
                     acc[i][j] = pv;  // the value that stands when this was the last fold
                 }
         }
-        s = ns;
-        k = nk;
+        if (!more) break;
+        cur = next;
     }
 
     // ---- epilogue (acc holds the FP32 accumulator of the whole GEMM)

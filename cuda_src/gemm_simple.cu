@@ -22,6 +22,7 @@
 
 #include "cpemu_fp32.cuh"
 #include "cpemu_fp8.cuh"
+#include "cpemu_schedule.cuh"
 
 typedef unsigned char cps_u8;
 typedef unsigned int cps_u32;
@@ -411,47 +412,6 @@ __device__ __forceinline__ cps_u32 cps_stage(CpsStaged& sh, cps_u32 w, const cps
     return special;
 }
 
-// ------------------------------------------------------------------------ the schedule, step by step
-
-// A step of the schedule (cps_accumulate's loops): slice s, ending at k1; its chain ends at
-// kce (promotion * L elements, or the whole slice with fast accumulation); the step is
-// [k, ke), ke = min(k + L, kce).
-struct CpsPos {
-    int s, k1, kce, k, ke;
-};
-
-__device__ __forceinline__ void cps_slice_start(CpsPos& p, const int* __restrict__ slices, int s, int chain_len,
-                                                int L) {
-    const int k0 = slices[2 * s];
-    p.s = s;
-    p.k1 = slices[2 * s + 1];
-    p.kce = chain_len > 0 ? min(k0 + chain_len, p.k1) : p.k1;
-    p.k = k0;
-    p.ke = min(k0 + L, p.kce);
-}
-
-// Moves p to the next step: 0 in the same chain, 1 the next chain of the slice, 2 the next
-// slice, 3 none left (p unchanged).
-__device__ __forceinline__ int cps_advance(CpsPos& p, const int* __restrict__ slices, int n_slices, int chain_len,
-                                           int L) {
-    if (p.ke < p.kce) {
-        p.k = p.ke;
-        p.ke = min(p.k + L, p.kce);
-        return 0;
-    }
-    if (p.kce < p.k1) {
-        p.k = p.kce;
-        p.kce = min(p.k + chain_len, p.k1);
-        p.ke = min(p.k + L, p.kce);
-        return 1;
-    }
-    if (p.s + 1 < n_slices) {
-        cps_slice_start(p, slices, p.s + 1, chain_len, L);
-        return 2;
-    }
-    return 3;
-}
-
 // ------------------------------------------------------------------------ one step
 
 // reference.tfdpa for one output over the staged step, before NaN/Inf handling (see the
@@ -522,11 +482,10 @@ extern "C" __global__ void __launch_bounds__(CPS_THREADS, CPS_MINBLOCKS)
     const int m0 = blockIdx.y * CPS_BM, n0 = blockIdx.x * CPS_BN;
     const cps_u8* src = cps_chunk_src(A, Bt, M, N, K, m0, n0);
     const cps_u32 rmask = 0xFFFFFFFFu << (23 - R);
-    const int chain_len = promotion > 0 ? promotion * L : 0;
     // cps_accumulate, with the steps of all the block's outputs in step; each step's codes
     // load while the step before computes
-    CpsPos cur;
-    cps_slice_start(cur, slices, 0, chain_len, L);
+    CpemuStep cur;  // cps_accumulate's loops, one step at a time (cpemu_schedule.cuh)
+    cpemu_step_slice(cur, slices, 0, promotion, L);
     cps_u32 w = cps_fetch(src, cur.k, cur.ke);
     // p and partial start at -0, so that adding the first chain's (slice's) result gives it
     // unchanged (a NaN aside, whose payload the output does not keep)
@@ -535,8 +494,8 @@ extern "C" __global__ void __launch_bounds__(CPS_THREADS, CPS_MINBLOCKS)
     for (;;) {
         __syncthreads();  // the previous step's stage has been read
         chain_special |= __syncthreads_or(cps_stage(sh, w, src));
-        CpsPos next = cur;
-        const int event = cps_advance(next, slices, n_slices, chain_len, L);
+        CpemuStep next = cur;
+        const int event = cpemu_step_next(next, slices, n_slices, promotion, L);
         if (event != 3) w = cps_fetch(src, next.k, next.ke);
         float y = L <= 16 ? cps_tfdpa_staged<16>(sh.e[ty], sh.e[CPS_BM + tx], sh.v[ty], sh.v[CPS_BM + tx], c, F, rmask)
                           : cps_tfdpa_staged<CPS_KT>(sh.e[ty], sh.e[CPS_BM + tx], sh.v[ty], sh.v[CPS_BM + tx], c, F,

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "1bc7ee86927c21beefc7e1ece3e8c34baa9e3b7058219112262369e4a20244c2"
+MANIFEST_SHA256 = "666f5236982c336dc7d2c0b36c5b68cf0ba3bf38475e8a43939aed30405d4794"
