@@ -1,7 +1,7 @@
 """The committed H200 benchmark records (benchmarks/h200) and tools/bench_summary.py.
 
-The records are the benchmark of record: every point of the Evo 2 grid for the hopper
-profile with every backend and the native baseline, and no exactness failure. The summary
+The records are the benchmark of record: every point of the Evo 2 grid for the hopper and ada
+profiles with every backend and the native baseline, and no exactness failure. The summary
 tool must exit 1 when a record holds a failed check.
 """
 
@@ -32,7 +32,7 @@ def test_records_cover_the_grid():
                 p = pts[("hopper-h200-torch", shape, data, M)]
                 assert {"cublaslt-tc", "cuda-tiled", "cuda-simple", "native"} <= set(p), (shape, data, M, set(p))
                 p = pts[("ada-rtx4060-torch", shape, data, M)]
-                assert {"cublaslt-tc", "native"} <= set(p), (shape, data, M, set(p))
+                assert {"cublaslt-tc", "cuda-tiled", "cuda-simple", "native"} <= set(p), (shape, data, M, set(p))
 
 
 def test_every_check_passed():
@@ -63,6 +63,26 @@ def test_summary_exit_status(tmp_path):
     assert r.exit_code == 1 and "FAIL" in r.output and "backends.validate" in r.output
 
 
+def test_ratios_use_the_same_runs_native(tmp_path):
+    """A kernel's ratio divides by the native of its own record, not by a later record's."""
+    path = next(p for p in RECORDS if os.path.basename(p) == "h200_hopper-h200-torch_gauss40.json")
+    with open(path) as f:
+        rec = json.load(f)
+    later = dict(rec, started_utc="9999-12-31T00:00:00Z", results=[], exactness=[],
+                 native=[dict(r, tmacs=2 * r["tmacs"]) for r in rec["native"]])
+    other = tmp_path / "later_native_only.json"
+    other.write_text(json.dumps(later))
+    pts = load_points([path, str(other)])
+    own = {(r["shape"], r["data"], r["M"]): r["tmacs"] for r in rec["native"] if r.get("status") == "ok"}
+    tiled = next(r for r in rec["results"] if r["kernel"] == "cuda-tiled" and r["M"] == 2048 and r.get("status") == "ok")
+    key = ("hopper-h200-torch", tiled["shape"], tiled["data"], 2048)
+    assert pts[key]["native"]["tmacs"] == 2 * own[key[1:]]  # the native column: the latest record's
+    row = next(line for line in _mod.table(pts, {2048}).splitlines()
+               if line.startswith(f"| hopper-h200-torch | {key[1]} | {key[2]} | 2048 |"))
+    ratios = row.split(" | ")[-4:-1]  # cublaslt-tc, cuda-tiled, cuda-simple over native
+    assert ratios[1] == f"{tiled['tmacs'] / own[key[1:]]:.3f}", row
+
+
 def test_hopper_points_compared_in_full():
     """On the hopper profile every point compares cublaslt-tc's and cuda-tiled's full output
     with cuda-simple's (three implementations) and the first rows with the reference."""
@@ -78,6 +98,26 @@ def test_hopper_points_compared_in_full():
                 full = e["vs_cuda_simple"]
                 assert full["ok"] is True and full["compared"] == e["M"] * e["N"], e
                 seen.add((e["shape"], e["data"], e["M"], e["kernel"]))
+    assert len(seen) == len(SHAPES) * len(DATA) * len(MS) * 2
+
+
+def test_ada_exact_kernels_compared_in_full():
+    """On the ada profile cuda-tiled's full output equals cuda-simple's at every point, and
+    both kernels' first rows equal the reference's."""
+    seen = set()
+    for path in RECORDS:
+        with open(path) as f:
+            rec = json.load(f)
+        if rec["profile"]["name"] != "ada-rtx4060-torch":
+            continue
+        for e in rec["exactness"]:
+            if e["kernel"] not in ("cuda-tiled", "cuda-simple"):
+                continue
+            assert e["vs_reference_rows"]["ok"] is True and e["vs_reference_rows"]["compared"] > 0, e
+            if e["kernel"] == "cuda-tiled":
+                full = e["vs_cuda_simple"]
+                assert full["ok"] is True and full["compared"] == e["M"] * e["N"], e
+            seen.add((e["shape"], e["data"], e["M"], e["kernel"]))
     assert len(seen) == len(SHAPES) * len(DATA) * len(MS) * 2
 
 

@@ -3,8 +3,9 @@
     python tools/bench_summary.py benchmarks/h200/*.json [--M 2048] [--json summary.json]
 
 One row per (profile, shape, data, M) and one column per backend: TMAC/s, MAC per clock per
-SM, and the ratio to the native ``torch._scaled_mm`` measured in the same run, from the
-latest record (by ``started_utc``) that has that point. Marks: ``h`` host-bound (the GPU
+SM, from the latest record (by ``started_utc``) that has that point, and its ratio to the
+native ``torch._scaled_mm`` measured in the same run ("-" when that run had none); the native
+column is the latest record's. Marks: ``h`` host-bound (the GPU
 waited for Python), ``*`` single call, ``!`` an exactness check failed. A point is
 ``exact`` when every check of every kernel on it passed: ``full`` when some kernel was
 compared with cuda-simple/cuda-tiled on the full output, ``rows`` when only the
@@ -30,7 +31,9 @@ def load_points(paths):
         started = rec.get("started_utc", "")
         ex = {(e["shape"], e["data"], e["M"], e["kernel"]): e for e in rec.get("exactness", [])}
         rows = [r for r in rec.get("results", []) if r.get("status") == "ok"]
-        rows += [dict(r, kernel="native") for r in rec.get("native", []) if r.get("status") == "ok"]
+        natives = [dict(r, kernel="native") for r in rec.get("native", []) if r.get("status") == "ok"]
+        same_run = {(r["shape"], r["data"], r["M"]): r["tmacs"] for r in natives}
+        rows += natives
         for r in rows:
             key = (prof, r["shape"], r["data"], r["M"])
             p = points.setdefault(key, {})
@@ -41,6 +44,7 @@ def load_points(paths):
             p[r["kernel"]] = {"started": started, "file": path, "tmacs": r["tmacs"],
                               "mac_clk_sm": r.get("mac_per_clock_per_sm"), "host_bound": bool(r.get("host_bound")),
                               "single": r.get("timing") == "single-call", "ok": e.get("ok"),
+                              "native_same_run": same_run.get((r["shape"], r["data"], r["M"])),
                               "full": (e.get("vs_cuda_simple") or {}).get("ok") is True}
     return points
 
@@ -67,7 +71,8 @@ def table(points, m_filter=None) -> str:
         cells.append(f"{nat['tmacs']:.3g}" if nat else "-")
         for k in kernels:
             r = p.get(k)
-            cells.append(f"{r['tmacs'] / nat['tmacs']:.3f}" if r and nat else "-")
+            base = r["native_same_run"] if r else None
+            cells.append(f"{r['tmacs'] / base:.3f}" if base else "-")
         oks = [r["ok"] for k, r in p.items() if k != "native"]
         exact = "FAIL" if False in oks else ("full" if any(r["full"] for k, r in p.items() if k != "native")
                                             else "rows")
