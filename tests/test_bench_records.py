@@ -74,7 +74,8 @@ def test_ratios_use_the_same_runs_native(tmp_path):
     other.write_text(json.dumps(later))
     pts = load_points([path, str(other)])
     own = {(r["shape"], r["data"], r["M"]): r["tmacs"] for r in rec["native"] if r.get("status") == "ok"}
-    tiled = next(r for r in rec["results"] if r["kernel"] == "cuda-tiled" and r["M"] == 2048 and r.get("status") == "ok")
+    tiled = next(r for r in rec["results"]
+                 if r["kernel"] == "cuda-tiled" and r["M"] == 2048 and r.get("status") == "ok")
     key = ("hopper-h200-torch", tiled["shape"], tiled["data"], 2048)
     assert pts[key]["native"]["tmacs"] == 2 * own[key[1:]]  # the native column: the latest record's
     row = next(line for line in _mod.table(pts, {2048}).splitlines()

@@ -53,11 +53,13 @@ def rates(data: str, N: int, K: int):
 
 
 def main():
-    print("data         shape  steps  outputs  threads (8x4)  warps (16x64)   fraction of (unit, step) with EA + EB <= exp(c)")
+    print("fraction of (unit, step) pairs with EA + EB <= exponent of c")
+    print("data         shape  steps  outputs  threads (8x4)  warps (16x64)")
     for data, label in (("gauss40", "gauss40"), ("spread", "adversarial")):
         for shape, (N, K) in (("1B", (5760, 1920)), ("7B", (12288, 4096))):
             r, steps = rates(data, N, K)
-            print(f"{label:12s} {shape:5s}  {steps:5d}  {r['output']:.3f}    {r['thread']:.3f}          {r['warp']:.3f}")
+            print(f"{label:12s} {shape:5s}  {steps:5d}  {r['output']:.3f}    {r['thread']:.3f}          "
+                  f"{r['warp']:.3f}")
 
 
 if __name__ == "__main__":
