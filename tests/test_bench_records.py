@@ -84,41 +84,39 @@ def test_ratios_use_the_same_runs_native(tmp_path):
     assert ratios[1] == f"{tiled['tmacs'] / own[key[1:]]:.3f}", row
 
 
-def test_hopper_points_compared_in_full():
-    """On the hopper profile every point compares cublaslt-tc's and cuda-tiled's full output
-    with cuda-simple's (three implementations) and the first rows with the reference."""
+def _checked_points(profile, kernels, full):
+    """(shape, data, M, kernel) of every exactness entry of ``profile`` for ``kernels``, after
+    asserting that its first rows equal the reference's and, for the kernels in ``full``,
+    that its whole output equals cuda-simple's."""
     seen = set()
     for path in RECORDS:
         with open(path) as f:
             rec = json.load(f)
-        if rec["profile"]["name"] != "hopper-h200-torch":
+        if rec["profile"]["name"] != profile:
             continue
         for e in rec["exactness"]:
+            if e["kernel"] not in kernels:
+                continue
             assert e["vs_reference_rows"]["ok"] is True and e["vs_reference_rows"]["compared"] > 0, e
-            if e["kernel"] in ("cublaslt-tc", "cuda-tiled"):
-                full = e["vs_cuda_simple"]
-                assert full["ok"] is True and full["compared"] == e["M"] * e["N"], e
-                seen.add((e["shape"], e["data"], e["M"], e["kernel"]))
-    assert len(seen) == len(SHAPES) * len(DATA) * len(MS) * 2
+            if e["kernel"] in full:
+                cmp = e["vs_cuda_simple"]
+                assert cmp["ok"] is True and cmp["compared"] == e["M"] * e["N"], e
+            seen.add((e["shape"], e["data"], e["M"], e["kernel"]))
+    return seen
+
+
+def test_hopper_points_compared_in_full():
+    """On the hopper profile every point compares cublaslt-tc's and cuda-tiled's full output
+    with cuda-simple's (three implementations) and the first rows with the reference."""
+    seen = _checked_points("hopper-h200-torch", ("cublaslt-tc", "cuda-tiled", "cuda-simple"),
+                           full=("cublaslt-tc", "cuda-tiled"))
+    assert len(seen) == len(SHAPES) * len(DATA) * len(MS) * 3
 
 
 def test_ada_exact_kernels_compared_in_full():
     """On the ada profile cuda-tiled's full output equals cuda-simple's at every point, and
     both kernels' first rows equal the reference's."""
-    seen = set()
-    for path in RECORDS:
-        with open(path) as f:
-            rec = json.load(f)
-        if rec["profile"]["name"] != "ada-rtx4060-torch":
-            continue
-        for e in rec["exactness"]:
-            if e["kernel"] not in ("cuda-tiled", "cuda-simple"):
-                continue
-            assert e["vs_reference_rows"]["ok"] is True and e["vs_reference_rows"]["compared"] > 0, e
-            if e["kernel"] == "cuda-tiled":
-                full = e["vs_cuda_simple"]
-                assert full["ok"] is True and full["compared"] == e["M"] * e["N"], e
-            seen.add((e["shape"], e["data"], e["M"], e["kernel"]))
+    seen = _checked_points("ada-rtx4060-torch", ("cuda-tiled", "cuda-simple"), full=("cuda-tiled",))
     assert len(seen) == len(SHAPES) * len(DATA) * len(MS) * 2
 
 
