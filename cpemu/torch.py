@@ -534,8 +534,7 @@ def _tensor_core_call_on(cupy, index, a, b, scale_a, scale_b, bias, prof, out_dt
     N = b.shape[1]
     sig = _tc_signature(prof, backend, index, M, N, K, _FP8[a.dtype][1], _FP8[b.dtype][1], _OUT[out_dt],
                         "rowwise" if rowwise else "tensorwise",
-                        None if bias is None else ("bfloat16" if bias.dtype == torch.bfloat16 else "float16"),
-                        use_fast_accum)
+                        None if bias is None else _OUT[bias.dtype], use_fast_accum)
     if sig is None:
         return None
     a_ptr, bt_ptr = a.data_ptr(), b.data_ptr()
@@ -593,8 +592,7 @@ def _exact_kernel_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accu
         N = b.shape[1]
         fa, fb, out_name = _FP8[a.dtype][1], _FP8[b.dtype][1], _OUT[out_dt]
         scaling = "rowwise" if rowwise else "tensorwise"
-        prof.check_features(fa, fb, out_name, scaling,
-                            None if bias is None else ("bfloat16" if bias.dtype == torch.bfloat16 else "float16"))
+        prof.check_features(fa, fb, out_name, scaling, None if bias is None else _OUT[bias.dtype])
         plan = prof.plan(M, N, K, use_fast_accum, scaling, fa, fb, out_name)
         bias_f32 = None if bias is None else bias.detach().reshape(-1).float()  # on torch's stream
         with _cupy_stream(cupy, torch.cuda.current_stream(a.device), index):
