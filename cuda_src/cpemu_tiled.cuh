@@ -198,15 +198,26 @@ __device__ __forceinline__ cpt_u32 cpt_sign_nibble(cpt_u32 w) {
 
 // Decode this thread's chunks (cpt_fetch) into the stage tile t: magnitudes and sign masks
 // for pass 2, pass 1's operand (bf16 pairs when bf_emax, else exponents), and per row and
-// chunk the sign bits and a NaN/Inf flag (bytes of t.neg and t.flag).
+// chunk the sign bits and a NaN/Inf flag (bytes of t.neg and t.flag). The step has klen K
+// elements; the passes read no code past them, so a chunk past them (half the stage in a
+// step of Ada's L = 16) only clears its two bytes, which are read as whole words.
+// CPT_SKIP_PAST_END=0 builds the decode of every chunk, for comparison (benchmarks/README.md).
+#ifndef CPT_SKIP_PAST_END
+#define CPT_SKIP_PAST_END 1
+#endif
 template <int R>
 __device__ __forceinline__ void cpt_store(CptTile<R>& t, const uint2 (&raw)[CPT_LOADS(R)],
-                                          const uint2* lut, int is_e5m2, int bf_emax) {
+                                          const uint2* lut, int is_e5m2, int bf_emax, int klen) {
 #pragma unroll
     for (int q = 0; q < CPT_LOADS(R); ++q) {
         const int c = (int)threadIdx.x + q * CPT_THREADS;
         if (!CPT_HAS_CHUNK(R, c)) break;
         const int row = c % R, kc = c / R;
+        if (CPT_SKIP_PAST_END && kc * 8 >= klen) {
+            ((cpt_u8*)t.neg)[row * 4 + kc] = 0;
+            ((cpt_u8*)t.flag)[row * 4 + kc] = 0;
+            continue;
+        }
         cpt_u32 xe[8];
 #pragma unroll
         for (int b = 0; b < 8; ++b) {
@@ -638,8 +649,8 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
         const int s = cur.s, k = cur.k, ke = cur.ke, k0 = cur.k0, k1 = cur.k1, cstart = cur.cstart, cend = cur.cend;
 
         __syncthreads();  // the previous step is done with the stage (and the LUTs are built)
-        cpt_store(sh.st.a, ra, sh.lut[0], a_fmt, bf_emax);
-        cpt_store(sh.st.b, rb, sh.lut[1], b_fmt, bf_emax);
+        cpt_store(sh.st.a, ra, sh.lut[0], a_fmt, bf_emax, ke - k);
+        cpt_store(sh.st.b, rb, sh.lut[1], b_fmt, bf_emax, ke - k);
         __syncthreads();
 
         // prefetch the next step's codes while this one computes

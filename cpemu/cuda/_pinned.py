@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "666f5236982c336dc7d2c0b36c5b68cf0ba3bf38475e8a43939aed30405d4794"
+MANIFEST_SHA256 = "57d0da9b05dff575a500b4fa545ec4d1331b45d205cda1ed357be538b1326af7"
