@@ -3,7 +3,7 @@
 Backends, fastest first: ``cublaslt-tc`` (the device's own FP8 tensor cores through cuBLASLt
 with the profile's schedule, :mod:`cpemu.cuda.tensorcore`; Hopper only, device-dependent by
 nature, so used only where validated), ``cuda-tiled`` (shared-memory tiled exact kernel),
-``cuda-simple`` (one output per thread), ``reference`` (numpy, the specification). All compute
+``cuda-simple`` (one or two outputs per thread), ``reference`` (numpy, the specification). All compute
 identical bits: the CUDA kernels use integer arithmetic and IEEE-exact FP32 operations only,
 and the tensor-core path is validated against the reference on each device.
 

@@ -1,4 +1,4 @@
-// cpemu: the simple exact FP8 GEMM kernels -- one output per thread.
+// cpemu: the simple exact FP8 GEMM kernels -- one or two outputs per thread.
 //
 // cpemu_gemm_simple, the per-output kernel (any instruction model), is meant to be read
 // side by side with cpemu/reference.py: every device
@@ -256,13 +256,14 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 
 // ======================================================================== staged kernel
 //
-// cpemu_gemm_simple_staged: the same outputs, one per thread, for the instruction models
-// with 11 <= F <= 16 (Ada, Hopper: F = 13; kernels.py picks the kernel). The threads of a
-// block (CPS_BM x CPS_BN outputs) run the same steps in the same order, so each step's FP8
+// cpemu_gemm_simple_staged: the same outputs, two per thread (CPS_TN), for the instruction
+// models with 11 <= F <= 16 (Ada, Hopper: F = 13; kernels.py picks the kernel). The threads of
+// a block (CPS_BM x CPS_BN outputs) run the same steps in the same order, so each step's FP8
 // codes of the block's CPS_BM rows of A and CPS_BN rows of Bt are decoded once into
 // shared memory (cps_stage: the value times 2**-CPS_SHIFT in FP32, and e_nz as one byte;
 // the next step's codes load while this one computes), and each thread computes
-// reference.tfdpa for its output from there (cps_tfdpa_staged):
+// reference.tfdpa for each of its outputs from there (cps_tfdpa_staged; its two outputs share
+// the row of A, whose staged values it loads once):
 //
 //   e_max = max(e_a + e_b, exponent of c), as in cps_tfdpa;
 //   every term (each product, and c) is multiplied by 2**(F - 149 - e_max). That puts the
@@ -298,27 +299,22 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 // threads (the geometry below); K, the slice bounds and L multiples of 8 and L <= CPS_KT
 // (kernels.py checks).
 
-// Geometry: 32 x 32 outputs per block, two blocks per SM, where an SM holds 2048 threads
-// (sm_80, sm_90); 16 x 32, three blocks per SM, where it holds 1536 (sm_86, sm_89, sm_120).
-// kernels.py reads the block size back from the kernel (its maximum threads per block).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 800 && __CUDA_ARCH__ != 900
-#define CPS_BM_DEFAULT 16
-#define CPS_MINBLOCKS_DEFAULT 3
-#else
-#define CPS_BM_DEFAULT 32
-#define CPS_MINBLOCKS_DEFAULT 2
+// Geometry: 32 x 32 outputs per block, CPS_TN per thread along N (columns tx and tx + 16):
+// 512 threads, two blocks per SM on every architecture (64 registers per thread). kernels.py
+// reads the block size back from the kernel (its maximum threads per block); CPS_TN=1 builds
+// the one-output-per-thread form of before (1024 threads), for comparison.
+#ifndef CPS_TN
+#define CPS_TN 2  // outputs per thread along N: 1 or 2
 #endif
-#ifndef CPS_BM
-#define CPS_BM CPS_BM_DEFAULT  // outputs per block along M: 16 or 32
-#endif
-#define CPS_BN 32  // outputs per block along N
 #ifndef CPS_MINBLOCKS
-#define CPS_MINBLOCKS CPS_MINBLOCKS_DEFAULT  // __launch_bounds__: resident blocks per SM the registers must allow
+#define CPS_MINBLOCKS 2  // __launch_bounds__: resident blocks per SM the registers must allow
 #endif
-#define CPS_THREADS (CPS_BM * CPS_BN)         // one output per thread; a warp takes 4 rows x 8 columns
+#define CPS_BM 32                             // outputs per block along M
+#define CPS_BN 32                             // outputs per block along N
+#define CPS_THREADS (CPS_BM * CPS_BN / CPS_TN)  // a warp takes 4 rows x 8 thread columns
+#define CPS_TCOLS (CPS_BN / CPS_TN)           // thread columns per block; thread column tx has outputs tx + j * CPS_TCOLS
 #define CPS_ROWS (CPS_BM + CPS_BN)            // staged rows: the block's rows of A, then of Bt
 #define CPS_KT 32                             // K elements per stage: the largest L
-#define CPS_CHUNKS (CPS_ROWS * CPS_KT / 4)    // 4-code chunks per stage
 #define CPS_VSTRIDE 36                        // floats per staged row: 16-byte loads of 8 rows hit 32 banks
 #define CPS_ESTRIDE 48                        // exponent bytes per staged row (likewise)
 #define CPS_SHIFT 58                          // staged values are value * 2**-CPS_SHIFT
@@ -326,9 +322,9 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 #define CPS_EMAX_FLOOR (-64)                  // the least e_max a step uses (see above)
 #define CPS_PAST_END 0x100u                   // CpsStaged.special: the row is past the last of A or Bt
 
-static_assert(CPS_BM == 16 || CPS_BM == 32, "staged geometry: kernels.py derives CPS_BM from the threads per block "
-              "(CPS_BM * 32)");
-static_assert(CPS_CHUNKS % 32 == 0 && CPS_CHUNKS <= CPS_THREADS, "cps_stage: whole warps, one chunk per thread");
+static_assert(CPS_TN == 1 || CPS_TN == 2, "staged geometry: kernels.py derives the block from its threads "
+              "(1024 / CPS_TN)");
+static_assert(CPS_ROWS * CPS_KT / 4 <= CPS_THREADS, "cps_stage: at most one 4-code chunk per thread");
 
 struct CpsStaged {
     float v[CPS_ROWS][CPS_VSTRIDE];          // value * 2**-58 (0 for zero, NaN and Inf codes)
@@ -377,38 +373,56 @@ __device__ __forceinline__ void cps_build_lut(CpsStaged& sh, int a_e5m2, int b_e
 
 // ------------------------------------------------------------------------ the stage
 
-// This thread's staged row: thread t < CPS_CHUNKS loads 4 codes (4 bytes) per stage of
-// staged row t / 8 -- the block's rows of A from m0, then of Bt from n0. Its codes from
-// column 4 * (t % 8), or nullptr for a thread without a chunk or past the last row.
-__device__ __forceinline__ const cps_u8* cps_chunk_src(const cps_u8* __restrict__ A, const cps_u8* __restrict__ Bt,
-                                                       int M, int N, int K, int m0, int n0) {
-    const int r = threadIdx.x >> 3, q = threadIdx.x & 7;
-    const int is_b = r >= CPS_BM;
-    const int row = is_b ? n0 + r - CPS_BM : m0 + r;
-    if ((CPS_CHUNKS < CPS_THREADS && threadIdx.x >= CPS_CHUNKS) || row >= (is_b ? N : M)) return nullptr;
-    return (is_b ? Bt : A) + (cps_i64)row * K + 4 * q;
+// This thread's chunk of the stage: 4 codes of staged row r (the block's rows of A from m0,
+// then of Bt from n0), from column 4 * q. A step takes at most L codes of a row, so a row has
+// L / 4 chunks (L <= 16: 4, else 8: CPS_KT / 4), and thread t takes chunk q = t % (L / 4) of row
+// r = t / (L / 4): with Ada's L = 16 half the threads (whole warps) stage nothing and the stage's
+// second half stays unused (cps_tfdpa_staged<16> reads the first 16 codes of a row only).
+struct CpsChunk {
+    const cps_u8* src;  // the codes of row r from column 4 * q, or nullptr past the last row of A or Bt
+    int r;              // staged row, or -1: this thread has no chunk
+    int q;              // chunk of the row
+    int cpr;            // chunks per row: 4 or 8
+};
+
+__device__ __forceinline__ CpsChunk cps_chunk(const cps_u8* __restrict__ A, const cps_u8* __restrict__ Bt, int M,
+                                              int N, int K, int m0, int n0, int L) {
+    CpsChunk ch;
+    ch.cpr = L <= 16 ? 4 : CPS_KT / 4;
+    ch.r = threadIdx.x / ch.cpr;
+    ch.q = threadIdx.x % ch.cpr;
+    ch.src = nullptr;
+    if (ch.r >= CPS_ROWS) {
+        ch.r = -1;
+        return ch;
+    }
+    const int is_b = ch.r >= CPS_BM;
+    const int row = is_b ? n0 + ch.r - CPS_BM : m0 + ch.r;
+    if (row < (is_b ? N : M)) ch.src = (is_b ? Bt : A) + (cps_i64)row * K + 4 * ch.q;
+    return ch;
 }
 
 // This thread's chunk of the stage for K elements [k, ke) (ke - k a multiple of 8, at most
-// CPS_KT): zero codes past ke and past the last row.
-__device__ __forceinline__ cps_u32 cps_fetch(const cps_u8* __restrict__ src, int k, int ke) {
-    return src != nullptr && k + 4 * (int)(threadIdx.x & 7) < ke ? __ldg((const cps_u32*)(src + k)) : 0u;
+// L): zero codes past ke and past the last row.
+__device__ __forceinline__ cps_u32 cps_fetch(const CpsChunk& ch, int k, int ke) {
+    return ch.src != nullptr && k + 4 * ch.q < ke ? __ldg((const cps_u32*)(ch.src + k)) : 0u;
 }
 
-// Decode this thread's chunk w (cps_fetch from src) into the stage; nonzero when it holds a
-// NaN or Inf.
-__device__ __forceinline__ cps_u32 cps_stage(CpsStaged& sh, cps_u32 w, const cps_u8* src) {
-    if (CPS_CHUNKS < CPS_THREADS && threadIdx.x >= CPS_CHUNKS) return 0u;
-    const int r = threadIdx.x >> 3, q = threadIdx.x & 7;
-    const uint2* lut = sh.lut[r >= CPS_BM];
+// Decode this thread's chunk w (cps_fetch) into the stage; nonzero when it holds a NaN or Inf.
+__device__ __forceinline__ cps_u32 cps_stage(CpsStaged& sh, cps_u32 w, const CpsChunk& ch) {
+    if (ch.r < 0) return 0u;  // whole warps: CPS_ROWS * cpr is a multiple of 32
+    const uint2* lut = sh.lut[ch.r >= CPS_BM];
     const uint2 d0 = lut[w & 0xFFu], d1 = lut[(w >> 8) & 0xFFu], d2 = lut[(w >> 16) & 0xFFu], d3 = lut[w >> 24];
-    *(float4*)&sh.v[r][4 * q] =
+    *(float4*)&sh.v[ch.r][4 * ch.q] =
         make_float4(__uint_as_float(d0.x), __uint_as_float(d1.x), __uint_as_float(d2.x), __uint_as_float(d3.x));
-    *(cps_u32*)&sh.e[r][4 * q] = __byte_perm(__byte_perm(d0.y, d1.y, 0x0040), __byte_perm(d2.y, d3.y, 0x0040), 0x5410);
-    // the 8 threads of a staged row are lanes 8j..8j+7 of one warp
+    *(cps_u32*)&sh.e[ch.r][4 * ch.q] =
+        __byte_perm(__byte_perm(d0.y, d1.y, 0x0040), __byte_perm(d2.y, d3.y, 0x0040), 0x5410);
+    // the cpr threads of a staged row are consecutive lanes of one warp
     const cps_u32 special = (d0.y | d1.y | d2.y | d3.y) >> 16;
     const cps_u32 ballot = __ballot_sync(0xFFFFFFFFu, special);
-    if (q == 0) sh.special[r] = ((ballot >> (threadIdx.x & 24)) & 0xFFu) | (src == nullptr ? CPS_PAST_END : 0u);
+    if (ch.q == 0)
+        sh.special[ch.r] = ((ballot >> (threadIdx.x & 31)) & ((1u << ch.cpr) - 1u)) |
+                           (ch.src == nullptr ? CPS_PAST_END : 0u);
     return special;
 }
 
@@ -478,51 +492,66 @@ extern "C" __global__ void __launch_bounds__(CPS_THREADS, CPS_MINBLOCKS)
     __shared__ __align__(16) CpsStaged sh;
     cps_build_lut(sh, a_fmt, b_fmt);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int ty = warp / (CPS_BN / 8) * 4 + (lane >> 3), tx = warp % (CPS_BN / 8) * 8 + (lane & 7);
+    const int ty = warp / (CPS_TCOLS / 8) * 4 + (lane >> 3), tx = warp % (CPS_TCOLS / 8) * 8 + (lane & 7);
     const int m0 = blockIdx.y * CPS_BM, n0 = blockIdx.x * CPS_BN;
-    const cps_u8* src = cps_chunk_src(A, Bt, M, N, K, m0, n0);
+    const CpsChunk ch = cps_chunk(A, Bt, M, N, K, m0, n0, L);
     const cps_u32 rmask = 0xFFFFFFFFu << (23 - R);
     // cps_accumulate, with the steps of all the block's outputs in step; each step's codes
     // load while the step before computes
     CpemuStep cur;  // cps_accumulate's loops, one step at a time (cpemu_schedule.cuh)
     cpemu_step_slice(cur, slices, 0, promotion, L);
-    cps_u32 w = cps_fetch(src, cur.k, cur.ke);
-    // p and partial start at -0, so that adding the first chain's (slice's) result gives it
-    // unchanged (a NaN aside, whose payload the output does not keep)
-    float c = 0.0f, p = -0.0f, partial = -0.0f;
+    cps_u32 w = cps_fetch(ch, cur.k, cur.ke);
+    // per output j (column tx + j * CPS_TCOLS): p and partial start at -0, so that adding the
+    // first chain's (slice's) result gives it unchanged (a NaN aside, whose payload the output
+    // does not keep)
+    float c[CPS_TN], p[CPS_TN], partial[CPS_TN];
+#pragma unroll
+    for (int j = 0; j < CPS_TN; ++j) {
+        c[j] = 0.0f;
+        p[j] = -0.0f;
+        partial[j] = -0.0f;
+    }
     int chain_special = 0;  // a NaN or Inf code in the block's codes of the chain so far
     for (;;) {
         __syncthreads();  // the previous step's stage has been read
-        chain_special |= __syncthreads_or(cps_stage(sh, w, src));
+        chain_special |= __syncthreads_or(cps_stage(sh, w, ch));
         CpemuStep next = cur;
         const int event = cpemu_step_next(next, slices, n_slices, promotion, L);
-        if (event != 3) w = cps_fetch(src, next.k, next.ke);
-        float y = L <= 16 ? cps_tfdpa_staged<16>(sh.e[ty], sh.e[CPS_BM + tx], sh.v[ty], sh.v[CPS_BM + tx], c, F, rmask)
-                          : cps_tfdpa_staged<CPS_KT>(sh.e[ty], sh.e[CPS_BM + tx], sh.v[ty], sh.v[CPS_BM + tx], c, F,
-                                                     rmask);
-        if (chain_special) {  // block-uniform
-            const cps_u32 f = sh.special[ty] | sh.special[CPS_BM + tx];
-            if (!(f & CPS_PAST_END) && (f || (__float_as_uint(c) & 0x7F800000u) == 0x7F800000u))
-                y = cps_specials(y, c, A + (cps_i64)(m0 + ty) * K, Bt + (cps_i64)(n0 + tx) * K, cur.k, cur.ke, a_fmt,
-                                 b_fmt);
-        }
-        c = y;
-        if (event != 0) {  // the chain ends (cps_chain's result): float32 + float32, IEEE RN
-            p = cpemu_fadd_rn(p, c);
-            c = 0.0f;
-            chain_special = 0;
-            if (event != 1) {  // the slice ends
-                partial = cpemu_fadd_rn(partial, p);
-                p = -0.0f;
+        if (event != 3) w = cps_fetch(ch, next.k, next.ke);
+#pragma unroll
+        for (int j = 0; j < CPS_TN; ++j) {
+            const int col = CPS_BM + tx + j * CPS_TCOLS;  // the output's staged row of Bt
+            float y = L <= 16 ? cps_tfdpa_staged<16>(sh.e[ty], sh.e[col], sh.v[ty], sh.v[col], c[j], F, rmask)
+                              : cps_tfdpa_staged<CPS_KT>(sh.e[ty], sh.e[col], sh.v[ty], sh.v[col], c[j], F, rmask);
+            if (chain_special) {  // block-uniform
+                const cps_u32 f = sh.special[ty] | sh.special[col];
+                if (!(f & CPS_PAST_END) && (f || (__float_as_uint(c[j]) & 0x7F800000u) == 0x7F800000u))
+                    y = cps_specials(y, c[j], A + (cps_i64)(m0 + ty) * K, Bt + (cps_i64)(n0 + col - CPS_BM) * K,
+                                     cur.k, cur.ke, a_fmt, b_fmt);
+            }
+            c[j] = y;
+            if (event != 0) {  // the chain ends (cps_chain's result): float32 + float32, IEEE RN
+                p[j] = cpemu_fadd_rn(p[j], c[j]);
+                c[j] = 0.0f;
+                if (event != 1) {  // the slice ends
+                    partial[j] = cpemu_fadd_rn(partial[j], p[j]);
+                    p[j] = -0.0f;
+                }
             }
         }
+        if (event != 0) chain_special = 0;
         if (event == 3) break;
         cur = next;
     }
-    const int m = m0 + ty, n = n0 + tx;
-    if (m < M && n < N) {
-        const float y = cpemu_epilogue(partial, scale_a[(cps_i64)m * sa_stride], scale_b[(cps_i64)n * sb_stride],
-                                       has_bias, has_bias ? bias[n] : 0.0f, ep_order);
-        cps_store(out, (cps_i64)m * N + n, y, out_kind, nan_bits);
+    const int m = m0 + ty;
+#pragma unroll
+    for (int j = 0; j < CPS_TN; ++j) {
+        const int n = n0 + tx + j * CPS_TCOLS;
+        if (m < M && n < N) {
+            const float y = cpemu_epilogue(partial[j], scale_a[(cps_i64)m * sa_stride], scale_b[(cps_i64)n * sb_stride],
+                                           has_bias, has_bias ? bias[n] : 0.0f, ep_order);
+            cps_store(out, (cps_i64)m * N + n, y, out_kind, nan_bits);
+        }
     }
 }
+

@@ -55,8 +55,8 @@ if cp is not None:
 #: a tuning build of the tiled kernel under test: ``CPEMU_TEST_TILED_DEFINES="NAME=VALUE ..."``
 #: compiles cuda-tiled from cuda_src with those -D options (kernels.gemm_cuda's ``defines``)
 TILED_DEFINES = tuple(os.environ.get("CPEMU_TEST_TILED_DEFINES", "").split())
-#: likewise for cuda-simple (``CPEMU_TEST_SIMPLE_DEFINES``, e.g. the other staged geometry:
-#: ``CPS_BM=16 CPS_MINBLOCKS=3``)
+#: likewise for cuda-simple (``CPEMU_TEST_SIMPLE_DEFINES``, e.g. the staged kernel's one-output-per-thread
+#: build: ``CPS_TN=1``)
 SIMPLE_DEFINES = tuple(os.environ.get("CPEMU_TEST_SIMPLE_DEFINES", "").split())
 #: the kernel families, the simple family forced onto its per-output kernel, and the tiled
 #: kernel forced onto each of its geometries ("family:variant"; plain "cuda-simple" picks its

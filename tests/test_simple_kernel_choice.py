@@ -3,7 +3,7 @@ kernel a model runs on, the staged kernel's geometry read back from the kernel, 
 constants shared with cuda_src/gemm_simple.cu.
 
 That both kernels give the same bits is checked on a GPU (tests/test_cuda_backends.py runs every
-cuda-simple test on each, and on the staged kernel's other geometry through
+cuda-simple test on each, and on the staged kernel's one-output-per-thread build through
 CPEMU_TEST_SIMPLE_DEFINES)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_staged_range_edges():
         ["per-output", "staged", "staged", "per-output"]
 
 
-@pytest.mark.parametrize("threads,want", [(1024, (1024, 32, 32)), (512, (512, 16, 32))])
+@pytest.mark.parametrize("threads,want", [(512, (512, 32, 32)), (1024, (1024, 32, 32))])
 def test_staged_geometry_from_the_kernel(threads, want):
     assert kernels.simple_geometry("staged", SimpleNamespace(max_threads_per_block=threads)) == want
 
@@ -57,5 +57,9 @@ def test_constants_match_the_source():
     assert re.search(r"#define CPS_EBIAS 112\b", SRC)
     assert re.search(r"#define CPS_EMAX_FLOOR \(-64\)", SRC)
     assert kernels.SIMPLE_KERNELS["staged"][2] == 32
-    # the per-architecture geometry: 32 x 32 (1024 threads) where an SM holds 2048 threads
-    assert re.search(r"__CUDA_ARCH__ != 800 && __CUDA_ARCH__ != 900\s*\n#define CPS_BM_DEFAULT 16", SRC)
+    # the geometry simple_geometry assumes: 32 x 32 outputs per block on every architecture,
+    # CPS_TN per thread (2; a tuning build's 1), 1024 / CPS_TN threads
+    assert re.search(r"#define CPS_BM 32\b", SRC)
+    assert re.search(r"#define CPS_TN 2\b", SRC)
+    assert re.search(r"#define CPS_THREADS \(CPS_BM \* CPS_BN / CPS_TN\)", SRC)
+    assert "__CUDA_ARCH__ != 800" not in SRC  # no per-architecture geometry

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "57d0da9b05dff575a500b4fa545ec4d1331b45d205cda1ed357be538b1326af7"
+MANIFEST_SHA256 = "5a787abe3ba804a6c0f5eb7a6ed634ab9a133877fbed44a6b0982210cc5f127b"

@@ -2,12 +2,13 @@
 
 Two kernel families compute the same bits as :mod:`cpemu.reference`:
 
-* ``"cuda-simple"`` -- ``cuda_src/gemm_simple.cu``: one output per thread. Two kernels
+* ``"cuda-simple"`` -- ``cuda_src/gemm_simple.cu``: one or two outputs per thread. Two kernels
   (:data:`SIMPLE_KERNELS`), picked by :func:`simple_kernel_for`: ``"per-output"``, written
   to be read side by side with the reference (integer T-FDPA steps, same function names,
-  any instruction model), and, for 11 <= F <= 16 (Ada, Hopper), ``"staged"``: the block's
-  outputs share each step's decoded codes in shared memory, and each term is truncated by
-  an exact FP32 round-toward-zero multiply into the subnormal range;
+  any instruction model; one output per thread), and, for 11 <= F <= 16 (Ada, Hopper),
+  ``"staged"``: the block's outputs share each step's decoded codes in shared memory, each
+  thread computes two outputs of one row, and each term is truncated by an exact FP32
+  round-toward-zero multiply into the subnormal range;
 * ``"cuda-tiled"`` -- ``cuda_src/cpemu_tiled.cuh``: each step's FP8 codes decoded once per
   block into shared memory (the next step's codes load while this one computes); the
   truncated terms of Ada/Hopper (F <= 16) by exact round-toward-zero FP32 fused
@@ -81,8 +82,9 @@ TILED_VARIANTS = {
 TILED_SMALL_M_MAX = 32
 #: Kernels of ``cuda-simple`` (all in ``cuda_src/gemm_simple.cu``): name -> (kernel, threads
 #: per block, outputs per block along N). The per-output kernel: 128 threads, grid-stride over
-#: M * N; the staged kernel: blocks of (threads / 32) x 32 outputs, its block size read from
-#: the kernel (``max_threads_per_block``: 1024 where an SM holds 2048 threads, 512 elsewhere).
+#: M * N; the staged kernel: blocks of 32 x 32 outputs, two per thread (512 threads; a tuning
+#: build with ``CPS_TN=1``: one per thread, 1024 threads), its block size read from the kernel
+#: (``max_threads_per_block``).
 SIMPLE_KERNELS = {
     "per-output": ("cpemu_gemm_simple", 128, 0),
     "staged": ("cpemu_gemm_simple_staged", None, 32),
@@ -414,15 +416,16 @@ def _sm_count(device: int) -> int:
 
 def simple_geometry(kernel: str, fn) -> tuple[int, int, int]:
     """(threads per block, outputs per block along M, along N; 0, 0 for a grid-stride kernel)
-    of the ``cuda-simple`` kernel ``fn`` (a ``cupy.RawKernel``): the staged kernel's block size
-    is its ``max_threads_per_block`` (its __launch_bounds__), one thread per output."""
+    of the ``cuda-simple`` kernel ``fn`` (a ``cupy.RawKernel``): the staged kernel's blocks are
+    32 x 32 outputs, its block size its ``max_threads_per_block`` (its __launch_bounds__: 512
+    threads with two outputs each, or 1024 with one)."""
     _, threads, bn = SIMPLE_KERNELS[kernel]
     if not bn:
         return threads, 0, 0
     threads = int(fn.max_threads_per_block)
     if threads not in (512, 1024):
         raise RuntimeError(f"the staged kernel declares {threads} threads per block (expected 512 or 1024)")
-    return threads, threads // bn, bn
+    return threads, 32, bn
 
 
 def tiled_threads(module: str, defines=()) -> int:
