@@ -1,6 +1,7 @@
 // FP32 arithmetic with explicit rounding (the schedule, the epilogue, the tiled kernel's
-// truncations), and the output conversions, shared by every cpemu kernel (the CUDA form of
-// cpemu/reference.py's epilogue and of cpemu/formats.py's encode_output).
+// truncations), FP32 values as integers and back (the integer T-FDPA step's), and the output
+// conversions, shared by every cpemu kernel (the CUDA form of cpemu/reference.py's epilogue,
+// _split_fp32 and _round_sum, and of cpemu/formats.py's encode_output).
 //
 // Every FP32 operation is a PTX instruction without .ftz: IEEE results with subnormals
 // kept, whatever the compiler's -ftz / --fmad flags (cupy's NVRTC wrapper appends
@@ -38,6 +39,55 @@ CPEMU_PTX_F32_2(cpemu_fadd_rz, "add.rz.f32")
 CPEMU_PTX_F32_2(cpemu_fmul_rz, "mul.rz.f32")
 CPEMU_PTX_F32_3(cpemu_fma_rn, "fma.rn.f32")
 CPEMU_PTX_F32_3(cpemu_fma_rz, "fma.rz.f32")
+
+// reference._split_fp32: FP32 c -> (sign, 24-bit integer significand, exponent) with
+// c = sign * m * 2**(e - 23); subnormals keep e = -126; zero takes e_zero. NaN/Inf are taken
+// as zero here (their result is decided by cpemu_fp8_specials).
+__device__ __forceinline__ void cpemu_split_fp32(float c, int e_zero, int* sign, long long* m, int* e) {
+    const unsigned int bits = __float_as_uint(c);
+    const unsigned int efield = (bits >> 23) & 0xFFu;
+    unsigned int frac = bits & 0x7FFFFFu;
+    int ex;
+    if (efield == 0xFFu) {  // np.where(np.isfinite(c64), c64, 0.0)
+        frac = 0;
+        ex = -126;
+    } else if (efield == 0) {  // subnormal (or zero): e = -126, no hidden bit
+        ex = -126;
+    } else {
+        frac |= 0x800000u;
+        ex = (int)efield - 127;
+    }
+    *m = (long long)frac;
+    *e = frac == 0 ? e_zero : ex;
+    *sign = (frac != 0 && (bits >> 31)) ? -1 : 1;
+}
+
+// reference._round_sum: the exact sum S * 2**scale_exp rounded toward zero to frac_bits
+// fraction bits, with exponents floored at -126, built exactly as an FP32 value (overflow to
+// inf, as float64 -> float32 does); -0 -> +0.
+__device__ __forceinline__ float cpemu_round_sum(long long S, int scale_exp, int frac_bits) {
+    if (S == 0) return 0.0f;
+    unsigned long long mag = (unsigned long long)(S < 0 ? -S : S);
+    const int bl = 64 - __clzll((long long)mag);  // bit length of |S|
+    const int e_res = max(scale_exp + bl - 1, -126);
+    const int drop = min(max(e_res - frac_bits - scale_exp, 0), 62);
+    mag = (mag >> drop) << drop;
+    if (mag == 0) return 0.0f;
+    const int bl2 = 64 - __clzll((long long)mag);
+    const int e = scale_exp + bl2 - 1;  // exponent of the leading bit
+    unsigned int bits;
+    if (e > 127) {
+        bits = 0x7F800000u;
+    } else if (e >= -126) {  // normal: 24-bit significand with the hidden bit at bit 23
+        const unsigned long long sig = bl2 > 24 ? (mag >> (bl2 - 24)) : (mag << (24 - bl2));
+        bits = ((unsigned int)(e + 127) << 23) | ((unsigned int)sig & 0x7FFFFFu);
+    } else {  // subnormal: units of 2**-149
+        const int sh = scale_exp + 149;
+        bits = (unsigned int)(sh >= 0 ? (mag << sh) : (-sh >= 64 ? 0ull : (mag >> -sh)));
+    }
+    if (S < 0) bits |= 0x80000000u;
+    return __uint_as_float(bits);
+}
 
 // reference.epilogue for one output: scales in the profile's order (FP32 RN products),
 // then + bias with one FP32 RN add.

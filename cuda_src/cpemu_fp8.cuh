@@ -1,4 +1,5 @@
-// FP8 codes, decoded as cpemu/formats.py's _build_tables does, shared by every cpemu kernel.
+// FP8 codes, decoded as cpemu/formats.py's _build_tables does, and reference._specials over them,
+// shared by every cpemu kernel.
 //
 // is_e5m2 = 0: e4m3 (ml_dtypes float8_e4m3fn: bias 7, 3 fraction bits, NaN = S.1111.111, no
 // infinity); is_e5m2 = 1: e5m2 (bias 15, 2 fraction bits, IEEE-like Inf and NaN).
@@ -28,4 +29,31 @@ __device__ __forceinline__ void cpemu_fp8_decode(unsigned int code, int is_e5m2,
         *inf = 0;
     }
     if (*nan || *inf) *m = 0;
+}
+
+// reference._specials for one output over K elements [k0, k1) of its rows of codes and the
+// accumulator c: *nan (any NaN, inf * 0, or infinities of both signs), else *neg / *pos (an
+// infinity of that sign decides the result); all 0: no NaN/Inf term, the step's value stands.
+__device__ __forceinline__ void cpemu_fp8_specials(float c, const unsigned char* arow, const unsigned char* brow, int k0,
+                                                   int k1, int a_e5m2, int b_e5m2, int* nan_out, int* pos_out,
+                                                   int* neg_out) {
+    int nan = 0, pos = 0, neg = 0;
+    for (int k = k0; k < k1; ++k) {
+        int as, am, ae, an, ai, bs, bm, be, bn, bi;
+        cpemu_fp8_decode(arow[k], a_e5m2, &as, &am, &ae, &an, &ai);
+        cpemu_fp8_decode(brow[k], b_e5m2, &bs, &bm, &be, &bn, &bi);
+        const int a_zero = am == 0 && !an && !ai;
+        const int b_zero = bm == 0 && !bn && !bi;
+        nan |= an | bn | (ai & b_zero) | (a_zero & bi);
+        const int inf_p = ai | bi;
+        pos |= inf_p && as * bs > 0;
+        neg |= inf_p && as * bs < 0;
+    }
+    const unsigned int cb = __float_as_uint(c);
+    pos |= cb == 0x7F800000u;
+    neg |= cb == 0xFF800000u;
+    nan |= ((cb & 0x7FFFFFFFu) > 0x7F800000u) | (pos & neg);
+    *nan_out = nan;
+    *pos_out = pos;
+    *neg_out = neg;
 }

@@ -251,73 +251,13 @@ __device__ __forceinline__ int cpt_c_exp(float c) {
     return (int)max((__float_as_uint(c) >> 23) & 0xFFu, 1u) - 127;
 }
 
-// reference._split_fp32 (integer path).
-__device__ __forceinline__ void cpt_split_fp32(float c, int e_zero, int* sign, cpt_i64* m, int* e) {
-    const cpt_u32 bits = __float_as_uint(c);
-    const cpt_u32 efield = (bits >> 23) & 0xFFu;
-    cpt_u32 frac = bits & 0x7FFFFFu;
-    int ex;
-    if (efield == 0xFFu) {
-        frac = 0;
-        ex = -126;
-    } else if (efield == 0) {
-        ex = -126;
-    } else {
-        frac |= 0x800000u;
-        ex = (int)efield - 127;
-    }
-    *m = (cpt_i64)frac;
-    *e = frac == 0 ? e_zero : ex;
-    *sign = (frac != 0 && (bits >> 31)) ? -1 : 1;
-}
-
-// reference._round_sum (integer path): S * 2**scale_exp toward zero to frac_bits fraction
-// bits, exponent floor -126, -0 -> +0, built exactly as an FP32 value.
-__device__ __forceinline__ float cpt_round_sum(cpt_i64 S, int scale_exp, int frac_bits) {
-    if (S == 0) return 0.0f;
-    cpt_u64 mag = (cpt_u64)(S < 0 ? -S : S);
-    const int bl = 64 - __clzll((long long)mag);
-    const int e_res = max(scale_exp + bl - 1, -126);
-    const int drop = min(max(e_res - frac_bits - scale_exp, 0), 62);
-    mag = (mag >> drop) << drop;
-    if (mag == 0) return 0.0f;
-    const int bl2 = 64 - __clzll((long long)mag);
-    const int e = scale_exp + bl2 - 1;
-    cpt_u32 bits;
-    if (e > 127) {
-        bits = 0x7F800000u;
-    } else if (e >= -126) {
-        const cpt_u64 sig = bl2 > 24 ? (mag >> (bl2 - 24)) : (mag << (24 - bl2));
-        bits = ((cpt_u32)(e + 127) << 23) | ((cpt_u32)sig & 0x7FFFFFu);
-    } else {
-        const int sh = scale_exp + 149;
-        bits = (cpt_u32)(sh >= 0 ? (mag << sh) : (-sh >= 64 ? 0ull : (mag >> -sh)));
-    }
-    if (S < 0) bits |= 0x80000000u;
-    return __uint_as_float(bits);
-}
-
-// reference._specials for one output over K elements [k0, k1), from the codes in memory,
-// as a class: 0 no NaN/Inf (the step's value stands), 1 +inf, 2 -inf, 3 NaN (0x7FFFFFFF).
+// reference._specials (cpemu_fp8_specials) out of line: the step calls it only for the outputs
+// whose codes or accumulator hold a NaN or Inf.
 __device__ __noinline__ int cpt_specials(float c, const cpt_u8* __restrict__ arow, const cpt_u8* __restrict__ brow,
                                          int k0, int k1, int a_fmt, int b_fmt) {
-    int nan = 0, pos = 0, neg = 0;
-    for (int k = k0; k < k1; ++k) {
-        int as, am, ae, an, ai, bs, bm, be, bn, bi;
-        cpemu_fp8_decode(arow[k], a_fmt, &as, &am, &ae, &an, &ai);
-        cpemu_fp8_decode(brow[k], b_fmt, &bs, &bm, &be, &bn, &bi);
-        const int a_zero = am == 0 && !an && !ai;
-        const int b_zero = bm == 0 && !bn && !bi;
-        nan |= an | bn | (ai & b_zero) | (a_zero & bi);
-        const int inf_p = ai | bi;
-        pos |= inf_p && as * bs > 0;
-        neg |= inf_p && as * bs < 0;
-    }
-    const cpt_u32 cb = __float_as_uint(c);
-    pos |= cb == 0x7F800000u;
-    neg |= cb == 0xFF800000u;
-    nan |= ((cb & 0x7FFFFFFFu) > 0x7F800000u) | (pos & neg);
-    return nan ? 3 : neg ? 2 : pos ? 1 : 0;
+    int nan, pos, neg;
+    cpemu_fp8_specials(c, arow, brow, k0, k1, a_fmt, b_fmt, &nan, &pos, &neg);
+    return nan ? 3 : neg ? 2 : pos ? 1 : 0;  // the class: 0 the step's value stands, 1 +inf, 2 -inf, 3 NaN
 }
 
 // n consecutive 32-bit words w[r0..] (vector loads of 4, or of 2 when n is not a multiple of 4).
@@ -543,7 +483,7 @@ __device__ __forceinline__ void cpt_sum_int(const CptStage& sh, int ty, int tx, 
         for (int j = 0; j < CPT_TN; ++j) {
             int cs, ce;
             cpt_i64 cm;
-            cpt_split_fp32(acc[i][j], e_zero, &cs, &cm, &ce);
+            cpemu_split_fp32(acc[i][j], e_zero, &cs, &cm, &ce);
             const int rc = em[i][j] - ce + (23 - F);
             S[i][j] = (cpt_i64)cs * (rc >= 0 ? (cm >> min(rc, 62)) : (cm << min(-rc, 62)));
         }
@@ -576,32 +516,16 @@ __device__ __forceinline__ void cpt_sum_int(const CptStage& sh, int ty, int tx, 
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
-        for (int j = 0; j < CPT_TN; ++j) out[i][j] = cpt_round_sum(S[i][j], em[i][j] - F, R);
+        for (int j = 0; j < CPT_TN; ++j) out[i][j] = cpemu_round_sum(S[i][j], em[i][j] - F, R);
 }
 
-// formats.encode_output for one value; the bf16 and fp16 branches are cpemu_encode_bf16 /
-// cpemu_encode_f16 (cpemu_fp32.cuh) with the NaN test shared, fused here for the tile loop.
+// formats.encode_output for one value (cpemu_fp32.cuh's conversions).
 __device__ __forceinline__ cpt_u32 cpt_encode(float y, int out_kind, cpt_u32 nan_bits) {
     const cpt_u32 u = __float_as_uint(y);
-    const cpt_u32 a = u & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return nan_bits;
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return nan_bits;
     if (out_kind == CPEMU_OUT_F32) return u;
-    if (out_kind == CPEMU_OUT_BF16) return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    const cpt_u32 sign = (u >> 16) & 0x8000u;
-    if (a >= 0x477FF000u) return sign | 0x7C00u;
-    if (a >= 0x38800000u) {
-        const cpt_u32 r = a - 0x38000000u;
-        return sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13);
-    }
-    if (a <= 0x33000000u) return sign;
-    const cpt_u32 e = a >> 23;
-    const cpt_u32 m = (a & 0x7FFFFFu) | 0x800000u;
-    const cpt_u32 s = 126u - e;
-    cpt_u32 h = m >> s;
-    const cpt_u32 rem = m & ((1u << s) - 1u);
-    const cpt_u32 half = 1u << (s - 1u);
-    if (rem > half || (rem == half && (h & 1u))) h += 1u;
-    return sign | h;
+    if (out_kind == CPEMU_OUT_BF16) return cpemu_encode_bf16(y, nan_bits);
+    return cpemu_encode_f16(y, nan_bits);
 }
 
 // ------------------------------------------------------------------------ kernel

@@ -3,7 +3,9 @@
 // cpemu_gemm_simple, the per-output kernel (any instruction model), is meant to be read
 // side by side with cpemu/reference.py: every device
 // function below has the name of the reference function it implements (tfdpa, chain,
-// accumulate, epilogue, _split_fp32, _round_sum, _specials) and follows it line by line,
+// accumulate, epilogue, _split_fp32, _round_sum, _specials; the kernels share the epilogue,
+// _split_fp32 and _round_sum from cpemu_fp32.cuh and _specials' rule from cpemu_fp8.cuh) and
+// follows it line by line,
 // with scalars where the reference has arrays. The arithmetic of a T-FDPA step is integer
 // arithmetic; the only floating-point operations are the IEEE round-to-nearest FP32 adds
 // and multiplies of the schedule and the epilogue (promotion adds, split-K reduction adds,
@@ -56,82 +58,12 @@ __device__ __forceinline__ CpsOperand cps_decode(cps_u32 code, int is_e5m2) {
 
 // ------------------------------------------------------------------------ one step
 
-// reference._split_fp32: FP32 c -> (sign, 24-bit integer significand, exponent) with
-// c = sign * m * 2**(e - 23); subnormals keep e = -126; zero takes e_zero. NaN/Inf are
-// taken as zero here (their result is decided by cps_specials).
-__device__ __forceinline__ void cps_split_fp32(float c, int e_zero, int* sign, cps_i64* m, int* e) {
-    const cps_u32 bits = __float_as_uint(c);
-    const cps_u32 efield = (bits >> 23) & 0xFFu;
-    cps_u32 frac = bits & 0x7FFFFFu;
-    int ex;
-    if (efield == 0xFFu) {  // np.where(np.isfinite(c64), c64, 0.0)
-        frac = 0;
-        ex = -126;
-    } else if (efield == 0) {  // subnormal (or zero): e = -126, no hidden bit
-        ex = -126;
-    } else {
-        frac |= 0x800000u;
-        ex = (int)efield - 127;
-    }
-    *m = (cps_i64)frac;
-    *e = frac == 0 ? e_zero : ex;
-    *sign = (frac != 0 && (bits >> 31)) ? -1 : 1;
-}
-
-// An FP32 value from a sign and an integer magnitude with at most 24 significant bits:
-// (-1)**neg * mag * 2**scale_exp, exactly (the caller guarantees that it is representable
-// or overflows); +0 for mag == 0. This is np.ldexp(...).astype(np.float32) of _round_sum.
-__device__ __forceinline__ float cps_make_f32(int neg, cps_u64 mag, int scale_exp) {
-    if (mag == 0) return 0.0f;  // "+ np.float32(0.0)": -0 -> +0
-    const int bl = 64 - __clzll((long long)mag);
-    const int e = scale_exp + bl - 1;  // exponent of the leading bit
-    cps_u32 bits;
-    if (e > 127) {
-        bits = 0x7F800000u;  // float64 -> float32 overflows to inf
-    } else if (e >= -126) {  // normal: 24-bit significand with the hidden bit at bit 23
-        const cps_u64 sig = bl > 24 ? (mag >> (bl - 24)) : (mag << (24 - bl));
-        bits = ((cps_u32)(e + 127) << 23) | ((cps_u32)sig & 0x7FFFFFu);
-    } else {  // subnormal: units of 2**-149
-        const int sh = scale_exp + 149;
-        const cps_u64 sig = sh >= 0 ? (mag << sh) : (-sh >= 64 ? 0ull : (mag >> -sh));
-        bits = (cps_u32)sig;
-    }
-    if (neg) bits |= 0x80000000u;
-    return __uint_as_float(bits);
-}
-
-// reference._round_sum: round the exact sum S * 2**scale_exp toward zero to frac_bits
-// fraction bits, with exponents floored at -126; -0 -> +0.
-__device__ __forceinline__ float cps_round_sum(cps_i64 S, int scale_exp, int frac_bits) {
-    if (S == 0) return 0.0f;
-    cps_u64 absS = (cps_u64)(S < 0 ? -S : S);
-    const int bl = 64 - __clzll((long long)absS);  // bit length of |S|
-    const int e_res = max(scale_exp + bl - 1, -126);
-    const int drop = min(max(e_res - frac_bits - scale_exp, 0), 62);
-    absS = (absS >> drop) << drop;
-    return cps_make_f32(S < 0, absS, scale_exp);
-}
-
-// reference._specials: IEEE semantics for NaN/Inf terms: any NaN, inf*0, or infinities
-// of both signs give NaN (0x7FFFFFFF); else +-inf; otherwise `out` is kept.
+// reference._specials (cpemu_fp8_specials) applied to the step's result `out`: NaN
+// (0x7FFFFFFF) or +-inf where a NaN or Inf term decides it; otherwise `out` is kept.
 __device__ __forceinline__ float cps_specials(float out, float c, const cps_u8* arow, const cps_u8* brow, int k0,
                                               int k1, int a_e5m2, int b_e5m2) {
-    int nan = 0, pos = 0, neg = 0;
-    for (int k = k0; k < k1; ++k) {
-        const CpsOperand a = cps_decode(arow[k], a_e5m2);
-        const CpsOperand b = cps_decode(brow[k], b_e5m2);
-        const int a_zero = a.m == 0 && !a.nan && !a.inf;
-        const int b_zero = b.m == 0 && !b.nan && !b.inf;
-        nan |= a.nan | b.nan | (a.inf & b_zero) | (a_zero & b.inf);
-        const int inf_p = a.inf | b.inf;
-        const int psign = a.sign * b.sign;
-        pos |= inf_p && psign > 0;
-        neg |= inf_p && psign < 0;
-    }
-    const cps_u32 cb = __float_as_uint(c);
-    pos |= cb == 0x7F800000u;
-    neg |= cb == 0xFF800000u;
-    nan |= ((cb & 0x7FFFFFFFu) > 0x7F800000u) | (pos & neg);
+    int nan, pos, neg;
+    cpemu_fp8_specials(c, arow, brow, k0, k1, a_e5m2, b_e5m2, &nan, &pos, &neg);
     if (pos) out = __uint_as_float(0x7F800000u);
     if (neg) out = __uint_as_float(0xFF800000u);
     if (nan) out = __uint_as_float(0x7FFFFFFFu);
@@ -149,7 +81,7 @@ __device__ float cps_tfdpa(float c, const cps_u8* arow, const cps_u8* brow, int 
     const int S0 = F - cpemu_fp8_frac_bits(a_e5m2) - cpemu_fp8_frac_bits(b_e5m2);
     int cs, ce;
     cps_i64 cm;
-    cps_split_fp32(c, e_zero, &cs, &cm, &ce);
+    cpemu_split_fp32(c, e_zero, &cs, &cm, &ce);
     // e_max = max(E.max(axis=-1), ce)
     int e_max = ce;
     int special = 0;
@@ -173,7 +105,7 @@ __device__ float cps_tfdpa(float c, const cps_u8* arow, const cps_u8* brow, int 
     // the accumulator's 24-bit significand, truncated likewise
     const int rc = e_max - ce + (23 - F);
     S += (cps_i64)cs * (rc >= 0 ? (cm >> min(rc, 62)) : (cm << min(-rc, 62)));
-    float out = cps_round_sum(S, e_max - F, R);
+    float out = cpemu_round_sum(S, e_max - F, R);
     const cps_u32 cb = __float_as_uint(c);
     if (special || (cb & 0x7F800000u) == 0x7F800000u) out = cps_specials(out, c, arow, brow, k0, k1, a_e5m2, b_e5m2);
     return out;
@@ -274,7 +206,7 @@ extern "C" __global__ void cpemu_gemm_simple(const cps_u8* __restrict__ A, const
 //   grid 2**(e_max - F) -- sign * (P >> (e_max - E)) of cps_tfdpa, for either sign -- and
 //   the truncated terms add exactly with round-to-nearest adds, in any order. The sum's
 //   encoding is then S of cps_tfdpa (sign and magnitude in units of 2**-149), and
-//   cps_round_sum(S, e_max - F, R) is the exact product S * 2**(e_max - F) (two exact FP32
+//   cpemu_round_sum(S, e_max - F, R) is the exact product S * 2**(e_max - F) (two exact FP32
 //   multiplies of the sum; S has at most 23 bits) rounded toward zero to R fraction bits
 //   with the floor at 2**-126: the low 23 - R bits of its encoding cleared.
 //
@@ -472,7 +404,7 @@ __device__ __forceinline__ float cps_tfdpa_staged(const unsigned char* ea, const
         t3 = cpemu_fadd_rn(t3, cpemu_fmul_rz(cpemu_fmul_rn(a.w, b.w), s));
     }
     const float sum = cpemu_fadd_rn(cpemu_fadd_rn(t0, t1), cpemu_fadd_rn(t2, t3));
-    // cps_round_sum(S, e_max - F, R): sum = S * 2**-149, times 2**100 (exact: |sum| < 2**-125)
+    // cpemu_round_sum(S, e_max - F, R): sum = S * 2**-149, times 2**100 (exact: |sum| < 2**-125)
     // and 2**(49 + e_max - F) (exact: the product is 0 or at least 2**-60)
     return __uint_as_float(
         __float_as_uint(cpemu_fmul_rn(cpemu_fmul_rn(sum, cps_pow2_normal(100)), cps_pow2_normal(49 + e_max - F))) &

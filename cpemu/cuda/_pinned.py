@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "5a787abe3ba804a6c0f5eb7a6ed634ab9a133877fbed44a6b0982210cc5f127b"
+MANIFEST_SHA256 = "4788a26c85772d1e937c72fedf693e301ea70251f97c3694ac53cd8003436904"
