@@ -307,8 +307,8 @@ __device__ __forceinline__ void cps_build_lut(CpsStaged& sh, int a_e5m2, int b_e
 
 // This thread's chunk of the stage: 4 codes of staged row r (the block's rows of A from m0,
 // then of Bt from n0), from column 4 * q. A step takes at most L codes of a row, so a row has
-// L / 4 chunks (L <= 16: 4, else 8: CPS_KT / 4), and thread t takes chunk q = t % (L / 4) of row
-// r = t / (L / 4): with Ada's L = 16 half the threads (whole warps) stage nothing and the stage's
+// cpr = 4 chunks where L <= 16, else 8 (CPS_KT / 4), and thread t takes chunk q = t % cpr of row
+// r = t / cpr: with Ada's L = 16 half the threads (whole warps) stage nothing and the stage's
 // second half stays unused (cps_tfdpa_staged<16> reads the first 16 codes of a row only).
 struct CpsChunk {
     const cps_u8* src;  // the codes of row r from column 4 * q, or nullptr past the last row of A or Bt

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "4788a26c85772d1e937c72fedf693e301ea70251f97c3694ac53cd8003436904"
+MANIFEST_SHA256 = "d7ae96c11b91953d017f2f91ffab5c1d90048f2748e19eab56d100cc20a2c92e"
