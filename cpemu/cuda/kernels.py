@@ -201,15 +201,16 @@ def _fail(arg: str, rule: str, got) -> None:
 def _codes(x, name: str, cupy, device: int | None):
     if not isinstance(x, cupy.ndarray):
         _fail(name, "must be a cupy array of uint8 FP8 codes", type(x).__name__)
-    if x.dtype != np.uint8:
+    if x.dtype.char != "B":
         _fail(name, "dtype must be uint8 (FP8 codes; view float8 data as uint8)", x.dtype)
     if x.ndim != 2:
         _fail(name, "must be a 2-D matrix", f"shape {x.shape}")
     if x.strides != (x.shape[1], 1) and not x.flags.c_contiguous:  # the strides of a dense uint8 matrix
         _fail(name, "must be C-contiguous (row-major, K contiguous)", f"strides {x.strides}")
-    if device is not None and x.device.id != device:
-        _fail(name, f"must be on the same device as a_codes (device {device})", f"device {x.device.id}")
-    if x.data.ptr % 16:  # 8-byte vector loads of the tiled kernel
+    mem = x.data  # its device_id is the array's device (cheaper than x.device.id, which builds a Device)
+    if device is not None and mem.device_id != device:
+        _fail(name, f"must be on the same device as a_codes (device {device})", f"device {mem.device_id}")
+    if mem.ptr % 16:  # 8-byte vector loads of the tiled kernel
         x = x.copy()
     return x
 
@@ -277,6 +278,43 @@ def _static_config(a_format, b_format, plan, model, K: int, order_name, out_dtyp
     return fa, fb, L, F, R, tuple(slices), promotion, order, nan_bits
 
 
+#: _static_config's answers by the identity of the (immutable) plan and model objects, which
+#: each entry keeps alive: a repeated call skips hashing them (kept small; cleared when full)
+_config_by_id: dict = {}
+
+
+def _config(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw) -> tuple:
+    """_static_config, looked up first by the identity of ``plan`` and ``model``."""
+    key = (id(plan), id(model), a_format, b_format, K, order_name, out_dtype, nan_raw)
+    try:
+        hit = _config_by_id.get(key)
+    except TypeError:  # an unhashable format argument: checked (and refused) without a cache
+        return _static_config.__wrapped__(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
+    if hit is not None and hit[0] is plan and hit[1] is model:
+        return hit[2]
+    try:  # the checks depend on these arguments only: done once per signature
+        cfg = _static_config(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
+    except TypeError:  # an unhashable argument: checked (and refused) without the cache
+        return _static_config.__wrapped__(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
+    if len(_config_by_id) >= 256:
+        _config_by_id.clear()
+    _config_by_id[key] = (plan, model, cfg)
+    return cfg
+
+
+_tc_module = None
+
+
+def _tensorcore():
+    """cpemu.cuda.tensorcore, imported on first use (an import statement per call costs time)."""
+    global _tc_module
+    if _tc_module is None:
+        from . import tensorcore
+
+        _tc_module = tensorcore
+    return _tc_module
+
+
 def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: Plan, model: InstructionModel,
               mode: dict, scale_a, scale_b, bias_f32, out_dtype: str, *, defines: tuple = (),
               tiled_module: str | None = None, simple_kernel: str | None = None):
@@ -314,7 +352,7 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     cupy = _cupy()
     if not isinstance(a_codes, cupy.ndarray):
         _fail("a_codes", "must be a cupy array of uint8 FP8 codes", type(a_codes).__name__)
-    device = a_codes.device.id
+    device = a_codes.data.device_id
     a = _codes(a_codes, "a_codes", cupy, None)
     bt = _codes(bt_codes, "bt_codes", cupy, device)
     M, K = a.shape
@@ -330,17 +368,12 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     except (KeyError, TypeError):
         order_name = None
     nan_raw = (mode.get("nan_bits") or {}).get(out_dtype) if isinstance(mode, dict) else None
-    try:  # the checks below depend on these arguments only: done once per signature
-        cfg = _static_config(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
-    except TypeError:  # an unhashable argument: checked (and refused) without the cache
-        cfg = _static_config.__wrapped__(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
+    cfg = _config(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
     fa, fb, L, F, R, slices, promotion, order, nan_bits = cfg
 
     if kernel_family == TENSOR_CORE:  # scales are checked and uploaded (once per value) there
-        from .tensorcore import gemm_tc
-
-        return gemm_tc(a, bt, fa.name, fb.name, plan, model, mode, scale_a, scale_b, bias_f32, out_dtype,
-                       plan.promotion is None)
+        return _tensorcore().gemm_tc(a, bt, fa.name, fb.name, plan, model, mode, scale_a, scale_b, bias_f32,
+                                     out_dtype, plan.promotion is None, device=device)
     sa = _vector(scale_a, "scale_a", cupy, device, lambda s: int(np.prod(s)) == 1 or s == (M, 1),
                  f"one element (tensorwise) or shape (M, 1) = ({M}, 1) (rowwise)")
     sb = _vector(scale_b, "scale_b", cupy, device, lambda s: int(np.prod(s)) == 1 or s == (1, N),

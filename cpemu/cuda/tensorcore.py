@@ -36,7 +36,6 @@ reference on the device, and :func:`supports` declines every call outside the li
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import threading
 
@@ -68,10 +67,16 @@ _lock = threading.RLock()
 _state: dict = {}  # "lt": the CublasLt binding, "handles": {device: handle}, "plans": {key: _Prepared}
 
 
-def _cupy():
-    import cupy
+_cupy_module = None
 
-    return cupy
+
+def _cupy():
+    global _cupy_module
+    if _cupy_module is None:
+        import cupy
+
+        _cupy_module = cupy
+    return _cupy_module
 
 
 def _lt():
@@ -283,6 +288,10 @@ def _scale(x, name: str, cupy, device: int, size: int, what: str):
 
     Tensorwise host scalars are uploaded once per value and device (a small cache), so a
     repeated call does no host-to-device copy."""
+    if size == 1 and type(x) is np.float32:  # the common tensorwise call: a cached device copy
+        dev = _state.get("scalars", {}).get((device, x.tobytes()))
+        if dev is not None:
+            return dev
     if isinstance(x, cupy.ndarray):
         if x.dtype != np.float32 or x.size != size:
             raise ValueError(f"{name}: must be float32 with {what} (got {x.dtype}, shape {x.shape})")
@@ -304,6 +313,21 @@ def _scale(x, name: str, cupy, device: int, size: int, what: str):
     return dev
 
 
+def _workspace_ptr(device: int, stream: int, nbytes: int) -> int:
+    """The address of :func:`_workspace`'s buffer for calls on ``stream`` (looked up without
+    touching cupy when the buffer is already large enough)."""
+    key = (device, stream)
+    hit = _ws_ptrs.get(key)
+    if hit is not None and hit[0] >= nbytes and _state.get("workspaces", {}).get(key) is hit[2]:
+        return hit[1]
+    buf = _workspace(_cupy(), device, stream, nbytes)
+    _ws_ptrs[key] = (buf.nbytes, buf.data.ptr, buf)
+    return buf.data.ptr
+
+
+_ws_ptrs: dict = {}  # (device, stream) -> (nbytes, address, buffer) of the workspace in _state["workspaces"]
+
+
 def _workspace(cupy, device: int, stream: int, nbytes: int):
     """cuBLASLt's workspace for calls on ``stream``: one buffer per (device, stream), grown
     when needed and reused (calls on one stream run in order, as torch does per stream).
@@ -323,6 +347,7 @@ def _workspace(cupy, device: int, stream: int, nbytes: int):
             cupy.cuda.runtime.deviceSynchronize()
             for k in mine:
                 del ws[k]
+                _ws_ptrs.pop(k, None)
         buf = ws[key] = cupy.empty(nbytes, dtype=cupy.uint8)
     return buf
 
@@ -332,12 +357,15 @@ def _size(x) -> int:
 
 
 class _Signature:
-    """Everything about a call signature that is decided once: checks, descriptors, algorithm."""
+    """Everything about a call signature that is decided once: checks, descriptors, algorithm
+    (and, for :func:`launch`, the cuBLASLt handle and the descriptors in call order)."""
 
-    __slots__ = ("prep", "ada", "last")
+    __slots__ = ("prep", "ada", "last", "handle", "descs")
 
-    def __init__(self, prep, ada):
-        self.prep, self.ada, self.last = prep, ada, None
+    def __init__(self, prep, ada, handle):
+        self.prep, self.ada, self.last, self.handle = prep, ada, None, handle
+        m = prep.made
+        self.descs = (m["desc"], m["A"], m["B"], m["C"], m["D"])
 
 
 def signature(device: int, M: int, N: int, K: int, a_format: str, b_format: str, plan: Plan, model, mode: dict,
@@ -368,8 +396,9 @@ def signature(device: int, M: int, N: int, K: int, a_format: str, b_format: str,
     from ..recording.cublaslt_heuristic import Case as LtCase
 
     case = LtCase(M, N, 2 * K if ada else K, a_format, b_format, out_dtype, bool(fast_accum), has_bias, scaling)
-    prep = _prepared(lt, device, _handle(lt, device), case, plan.splits)
-    sig = _Signature(prep, ada)
+    handle = _handle(lt, device)
+    prep = _prepared(lt, device, handle, case, plan.splits)
+    sig = _Signature(prep, ada, handle)
     with _lock:
         if len(sigs) > 256:
             sigs.clear()
@@ -378,44 +407,60 @@ def signature(device: int, M: int, N: int, K: int, a_format: str, b_format: str,
 
 
 def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, mode: dict, scale_a, scale_b,
-            bias_f32, out_dtype: str, fast_accum: bool):
+            bias_f32, out_dtype: str, fast_accum: bool, device: int | None = None):
     """The profile's bits on the device's tensor cores (see the module docstring).
 
     Arguments as :func:`cpemu.cuda.kernels.gemm_cuda` (operands already checked there;
     scales numpy or cupy float32: one element each, or (M, 1) and (1, N) for rowwise),
-    plus ``fast_accum``. Raises :class:`TensorCoreUnsupported` for calls this path does not
-    reproduce. Returns a cupy (M, N) array: float32, or uint16 bits for bf16/fp16.
+    plus ``fast_accum`` and ``device``, the operands' device (read from ``a_codes`` when
+    None). Raises :class:`TensorCoreUnsupported` for calls this path does not reproduce.
+    Returns a cupy (M, N) array: float32, or uint16 bits for bfloat16/fp16.
     """
     cupy = _cupy()
-    device = a_codes.device.id
+    if device is None:
+        device = a_codes.data.device_id
     M, K = a_codes.shape
     N = bt_codes.shape[0]
     scaling = "tensorwise" if (_size(scale_a) == 1 and _size(scale_b) == 1) else "rowwise"
     sig = signature(device, M, N, K, a_format, b_format, plan, model, mode, scaling, bias_f32 is not None,
                     out_dtype, fast_accum)
+    if cupy.cuda.runtime.getDevice() == device:
+        return _gemm_tc_here(cupy, sig, device, a_codes, bt_codes, M, N, scaling, scale_a, scale_b, bias_f32,
+                             out_dtype)
+    with cupy.cuda.Device(device):
+        return _gemm_tc_here(cupy, sig, device, a_codes, bt_codes, M, N, scaling, scale_a, scale_b, bias_f32,
+                             out_dtype)
+
+
+def _gemm_tc_here(cupy, sig, device, a_codes, bt_codes, M, N, scaling, scale_a, scale_b, bias_f32, out_dtype):
+    """gemm_tc's call with ``device`` current."""
     rowwise = scaling == "rowwise"
-    with (contextlib.nullcontext() if cupy.cuda.runtime.getDevice() == device else cupy.cuda.Device(device)):
-        sa = _scale(scale_a, "scale_a", cupy, device, M if rowwise else 1,
-                    f"shape (M, 1) = ({M}, 1)" if rowwise else "one element")
-        sb = _scale(scale_b, "scale_b", cupy, device, N if rowwise else 1,
-                    f"shape (1, N) = (1, {N})" if rowwise else "one element")
-        out = cupy.empty((M, N), dtype=cupy.float32 if out_dtype == "float32" else cupy.uint16)
-        if M == 0:
-            return out
-        if sig.ada:
-            a_codes, bt_codes = _pad_k16(a_codes), _pad_k16(bt_codes)
-        # the heuristic's algorithms assume 256-byte aligned operands (its default preference)
-        a_codes = a_codes if a_codes.data.ptr % 256 == 0 else a_codes.copy()
-        bt_codes = bt_codes if bt_codes.data.ptr % 256 == 0 else bt_codes.copy()
-        bias = None
-        if bias_f32 is not None:
-            b32 = bias_f32 if isinstance(bias_f32, cupy.ndarray) else cupy.asarray(np.asarray(bias_f32, np.float32))
-            # the bias was widened exactly from bf16/fp16 (the output dtype): narrow it back
-            bias = (b32.view(cupy.uint32) >> 16).astype(cupy.uint16) if out_dtype == "bfloat16" else \
-                b32.astype(cupy.float16)
-        ptrs = (sa.data.ptr, sb.data.ptr, None if bias is None else bias.data.ptr)
-        launch(sig, device, cupy.cuda.get_current_stream().ptr, a_codes.data.ptr, bt_codes.data.ptr, out.data.ptr,
-               *ptrs)
+    sa = _scale(scale_a, "scale_a", cupy, device, M if rowwise else 1,
+                f"shape (M, 1) = ({M}, 1)" if rowwise else "one element")
+    sb = _scale(scale_b, "scale_b", cupy, device, N if rowwise else 1,
+                f"shape (1, N) = (1, {N})" if rowwise else "one element")
+    out = cupy.empty((M, N), dtype=cupy.float32 if out_dtype == "float32" else cupy.uint16)
+    if M == 0:
+        return out
+    if sig.ada:
+        a_codes, bt_codes = _pad_k16(a_codes), _pad_k16(bt_codes)
+    # the heuristic's algorithms assume 256-byte aligned operands (its default preference)
+    a_ptr, bt_ptr = a_codes.data.ptr, bt_codes.data.ptr
+    if a_ptr % 256:
+        a_codes = a_codes.copy()
+        a_ptr = a_codes.data.ptr
+    if bt_ptr % 256:
+        bt_codes = bt_codes.copy()
+        bt_ptr = bt_codes.data.ptr
+    bias_ptr = None
+    if bias_f32 is not None:
+        b32 = bias_f32 if isinstance(bias_f32, cupy.ndarray) else cupy.asarray(np.asarray(bias_f32, np.float32))
+        # the bias was widened exactly from bf16/fp16 (the output dtype): narrow it back
+        bias = (b32.view(cupy.uint32) >> 16).astype(cupy.uint16) if out_dtype == "bfloat16" else \
+            b32.astype(cupy.float16)
+        bias_ptr = bias.data.ptr
+    launch(sig, device, cupy.cuda.get_current_stream().ptr, a_ptr, bt_ptr, out.data.ptr, sa.data.ptr, sb.data.ptr,
+           bias_ptr)
     return out
 
 
@@ -431,23 +476,23 @@ def launch(sig, device: int, stream: int, a_ptr: int, bt_ptr: int, out_ptr: int,
     The call is asynchronous on ``stream``; it needs the device current (the workspace is
     allocated there on first use)."""
     prep = sig.prep
-    lt, m = prep.lt, prep.made
-    h = lt.h
+    lt = prep.lt
+    desc, lay_a, lay_b, lay_c, lay_d = sig.descs
     ptrs = (sa_ptr, sb_ptr, bias_ptr)
     with _lock:  # the descriptor's pointers are per call
-        ws = _workspace(_cupy(), device, stream, prep.workspace) if prep.workspace else None
+        ws_ptr = _workspace_ptr(device, stream, prep.workspace) if prep.workspace else 0
         if sig.last != ptrs:
+            h = lt.h
             # cuBLASLt A is torch's b: its scale is scale_b; B (torch's a) takes scale_a
-            lt.set_desc(m["desc"], h.DESC_A_SCALE_POINTER, ctypes.c_void_p(sb_ptr), "set A_SCALE_POINTER")
-            lt.set_desc(m["desc"], h.DESC_B_SCALE_POINTER, ctypes.c_void_p(sa_ptr), "set B_SCALE_POINTER")
+            lt.set_desc(desc, h.DESC_A_SCALE_POINTER, ctypes.c_void_p(sb_ptr), "set A_SCALE_POINTER")
+            lt.set_desc(desc, h.DESC_B_SCALE_POINTER, ctypes.c_void_p(sa_ptr), "set B_SCALE_POINTER")
             if bias_ptr is not None:
-                lt.set_desc(m["desc"], h.DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr), "set BIAS_POINTER")
+                lt.set_desc(desc, h.DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr), "set BIAS_POINTER")
             sig.last = ptrs
-        st = lt.matmul(_state["handles"][device], m["desc"], _ONE, bt_ptr, m["A"], a_ptr, m["B"], _ZERO, out_ptr,
-                       m["C"], out_ptr, m["D"], prep.algo_ref, 0 if ws is None else ws.data.ptr, prep.workspace,
-                       stream)
+        st = lt.matmul(sig.handle, desc, _ONE, bt_ptr, lay_a, a_ptr, lay_b, _ZERO, out_ptr, lay_c, out_ptr, lay_d,
+                       prep.algo_ref, ws_ptr, prep.workspace, stream)
     if st != 0:
-        raise h.LtError("cublasLtMatmul", st)
+        raise lt.h.LtError("cublasLtMatmul", st)
 
 
 _ONE_F, _ZERO_F = ctypes.c_float(1.0), ctypes.c_float(0.0)
