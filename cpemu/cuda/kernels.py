@@ -42,6 +42,7 @@ import numpy as np
 from ..formats import CANONICAL_NAN, OUT_DTYPES, FP8Format, fp8_format
 from ..instruction import InstructionModel
 from ..schedule import Plan
+from . import tensorcore
 
 __all__ = ["FAMILIES", "KERNELS", "MODULES", "TILED_VARIANTS", "TILED_SMALL_M_MAX", "SIMPLE_KERNELS", "TENSOR_CORE",
            "DIRECT", "OUT_KIND", "EPILOGUE_ORDERS", "FROM_SOURCE_ENV", "gemm_cuda", "get_kernel", "tiled_module_for",
@@ -285,34 +286,18 @@ _config_by_id: dict = {}
 
 def _config(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw) -> tuple:
     """_static_config, looked up first by the identity of ``plan`` and ``model``."""
-    key = (id(plan), id(model), a_format, b_format, K, order_name, out_dtype, nan_raw)
-    try:
-        hit = _config_by_id.get(key)
-    except TypeError:  # an unhashable format argument: checked (and refused) without a cache
-        return _static_config.__wrapped__(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
-    if hit is not None and hit[0] is plan and hit[1] is model:
-        return hit[2]
+    args = (a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
+    key = (id(plan), id(model)) + args[:2] + args[4:]
     try:  # the checks depend on these arguments only: done once per signature
-        cfg = _static_config(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
-    except TypeError:  # an unhashable argument: checked (and refused) without the cache
-        return _static_config.__wrapped__(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
-    if len(_config_by_id) >= 256:
-        _config_by_id.clear()
-    _config_by_id[key] = (plan, model, cfg)
-    return cfg
-
-
-_tc_module = None
-
-
-def _tensorcore():
-    """cpemu.cuda.tensorcore, imported on first use (an import statement per call costs time)."""
-    global _tc_module
-    if _tc_module is None:
-        from . import tensorcore
-
-        _tc_module = tensorcore
-    return _tc_module
+        hit = _config_by_id.get(key)
+        if hit is None or hit[0] is not plan or hit[1] is not model:
+            hit = (plan, model, _static_config(*args))
+            if len(_config_by_id) >= 256:
+                _config_by_id.clear()
+            _config_by_id[key] = hit
+    except TypeError:  # an unhashable argument: checked (and refused) without a cache
+        return _static_config.__wrapped__(*args)
+    return hit[2]
 
 
 def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: Plan, model: InstructionModel,
@@ -372,8 +357,8 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     fa, fb, L, F, R, slices, promotion, order, nan_bits = cfg
 
     if kernel_family == TENSOR_CORE:  # scales are checked and uploaded (once per value) there
-        return _tensorcore().gemm_tc(a, bt, fa.name, fb.name, plan, model, mode, scale_a, scale_b, bias_f32,
-                                     out_dtype, plan.promotion is None, device=device)
+        return tensorcore.gemm_tc(a, bt, fa.name, fb.name, plan, model, mode, scale_a, scale_b, bias_f32,
+                                  out_dtype, plan.promotion is None, device=device)
     sa = _vector(scale_a, "scale_a", cupy, device, lambda s: int(np.prod(s)) == 1 or s == (M, 1),
                  f"one element (tensorwise) or shape (M, 1) = ({M}, 1) (rowwise)")
     sb = _vector(scale_b, "scale_b", cupy, device, lambda s: int(np.prod(s)) == 1 or s == (1, N),

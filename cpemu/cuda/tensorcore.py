@@ -314,42 +314,30 @@ def _scale(x, name: str, cupy, device: int, size: int, what: str):
 
 
 def _workspace_ptr(device: int, stream: int, nbytes: int) -> int:
-    """The address of :func:`_workspace`'s buffer for calls on ``stream`` (looked up without
-    touching cupy when the buffer is already large enough)."""
-    key = (device, stream)
-    hit = _ws_ptrs.get(key)
-    if hit is not None and hit[0] >= nbytes and _state.get("workspaces", {}).get(key) is hit[2]:
-        return hit[1]
-    buf = _workspace(_cupy(), device, stream, nbytes)
-    _ws_ptrs[key] = (buf.nbytes, buf.data.ptr, buf)
-    return buf.data.ptr
-
-
-_ws_ptrs: dict = {}  # (device, stream) -> (nbytes, address, buffer) of the workspace in _state["workspaces"]
-
-
-def _workspace(cupy, device: int, stream: int, nbytes: int):
-    """cuBLASLt's workspace for calls on ``stream``: one buffer per (device, stream), grown
-    when needed and reused (calls on one stream run in order, as torch does per stream).
+    """The address of cuBLASLt's workspace for calls on ``stream``: one buffer per (device,
+    stream), grown when needed and reused (calls on one stream run in order, as torch does
+    per stream).
 
     The buffer comes from cupy's pool on cupy's current stream, which need not be ``stream``
     (the torch drop-in launches on torch's stream): a buffer is therefore dropped only after
     the work that may still use it is done (the stream, or the device when its buffers
     are cleared), never returned to the pool under a running GEMM."""
     key = (device, stream)
-    ws = _state.setdefault("workspaces", {})
-    buf = ws.get(key)
-    if buf is None or buf.size < nbytes:
-        if buf is not None:
-            cupy.cuda.runtime.streamSynchronize(stream)
-        mine = [k for k in ws if k[0] == device]
-        if len(mine) > 64:  # bounded: this device's buffers go, once its work is done
-            cupy.cuda.runtime.deviceSynchronize()
-            for k in mine:
-                del ws[k]
-                _ws_ptrs.pop(k, None)
-        buf = ws[key] = cupy.empty(nbytes, dtype=cupy.uint8)
-    return buf
+    ws = _state.setdefault("workspaces", {})  # (device, stream) -> (buffer, its size, its address)
+    hit = ws.get(key)
+    if hit is not None and hit[1] >= nbytes:
+        return hit[2]
+    cupy = _cupy()
+    if hit is not None:
+        cupy.cuda.runtime.streamSynchronize(stream)
+    mine = [k for k in ws if k[0] == device]
+    if len(mine) > 64:  # bounded: this device's buffers go, once its work is done
+        cupy.cuda.runtime.deviceSynchronize()
+        for k in mine:
+            del ws[k]
+    buf = cupy.empty(nbytes, dtype=cupy.uint8)
+    ws[key] = (buf, nbytes, buf.data.ptr)
+    return buf.data.ptr
 
 
 def _size(x) -> int:

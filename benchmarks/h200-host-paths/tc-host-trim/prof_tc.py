@@ -48,8 +48,7 @@ with stream:
         print(f"  runtime.getDevice: {per_call(lambda: cp.cuda.runtime.getDevice()):.2f}")
         print(f"  a.device.id: {per_call(lambda: ad.device.id):.2f}; a.data.ptr: {per_call(lambda: ad.data.ptr):.2f}")
         lt = tc._lt(); m = sig.prep.made; h = tc._state["handles"][0]
-        ws = tc._workspace(cp, 0, s, sig.prep.workspace) if sig.prep.workspace else None
-        wsp = 0 if ws is None else ws.data.ptr
+        wsp = tc._workspace_ptr(0, s, sig.prep.workspace) if sig.prep.workspace else 0
         raw = lambda: lt.matmul(h, m["desc"], tc._ONE, ptrs[1], m["A"], ptrs[0], m["B"], tc._ZERO, ptrs[2], m["C"], ptrs[2],
                                 m["D"], sig.prep.algo_ref, wsp, sig.prep.workspace, s)
         print(f"  raw cublasLtMatmul via ctypes: {per_call(raw):.1f}")
