@@ -8,11 +8,12 @@ import numbers
 import ml_dtypes
 import numpy as np
 
-from . import reference as ref
+from . import backends
+from .call import Operands
 from .formats import OUT_DTYPES, fp8_format
 from .profile import DEFAULT_PROFILE, get_profile
 
-from .backends import LADDER as BACKENDS  # best first; "auto" picks the first available, validated one
+BACKENDS = backends.LADDER  # best first; "auto" picks the first available, validated one
 
 __all__ = ["gemm", "bits_to_float32", "BACKENDS"]
 
@@ -113,10 +114,42 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
     same device, float32, or uint16 bit patterns for bfloat16 / float16 (view them with
     :func:`cpemu.bits_to_float32`), computed on the current cupy stream.
     """
-    from . import backends
-
     prof = get_profile(profile)
     on_gpu = _is_cupy(a) or _is_cupy(b)
+    fa, fb = _check_operands(a, b, a_format, b_format, on_gpu)
+    M, K = a.shape
+    N = b.shape[1]
+    if out_dtype not in OUT_DTYPES:
+        _fail("out_dtype", f"must be one of {sorted(OUT_DTYPES)}", repr(out_dtype))
+    if not isinstance(fast_accum, (bool, np.bool_)):
+        _fail("fast_accum", "must be a bool", type(fast_accum).__name__)
+    scale_a, scale_b, bias = _host_arguments(scale_a, scale_b, bias)
+    sa, sb, scaling = _scaling(_check_scale(scale_a, "scale_a"), _check_scale(scale_b, "scale_b"), M, N)
+    sa, sb = np.asarray(sa, dtype=np.float32), np.asarray(sb, dtype=np.float32)
+    bias_f32, bias_dtype = _check_bias(bias, N)
+    if backend != "auto" and backend not in backends.LADDER:
+        _fail("backend", f"must be 'auto' or one of {backends.LADDER}", repr(backend))
+    if M == 0:  # torch returns an empty (0, N) result
+        prof.check_features(fa.name, fb.name, out_dtype, scaling, bias_dtype)
+        y = np.empty((0, N), dtype=OUT_DTYPES[out_dtype])
+        return __import__("cupy").asarray(y.view(np.float32 if out_dtype == "float32" else np.uint16)) \
+            if on_gpu else y
+    call = prof.call(M, N, K, fa.name, fb.name, out_dtype, scaling, bool(fast_accum), bias_dtype)
+    if not on_gpu:
+        ops = Operands(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b.T).view(np.uint8), sa, sb,
+                       bias_f32)
+        return backends.run(backends.select(backend, prof, call), call, ops, on_device=False)
+    import cupy
+
+    ops = Operands(a, b.T, sa, sb, bias_f32)
+    if cupy.cuda.runtime.getDevice() == a.device.id:
+        return backends.run(backends.select(backend, prof, call), call, ops, on_device=True)
+    with cupy.cuda.Device(a.device.id):  # select and run where the operands are
+        return backends.run(backends.select(backend, prof, call), call, ops, on_device=True)
+
+
+def _check_operands(a, b, a_format, b_format, on_gpu: bool):
+    """The operands' formats, after the rules of numpy (ml_dtypes FP8) or cupy (uint8 codes) operands."""
     if on_gpu:
         if not (_is_cupy(a) and _is_cupy(b)):
             _fail("b" if _is_cupy(a) else "a", "a and b must both be numpy or both be cupy arrays",
@@ -136,69 +169,32 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
         _fail("a", "K (a.shape[1]) must be a positive multiple of 16, as torch._scaled_mm requires", K)
     if N % 16 or N == 0:
         _fail("b", "N (b.shape[1]) must be a positive multiple of 16, as torch._scaled_mm requires", N)
-    if out_dtype not in OUT_DTYPES:
-        _fail("out_dtype", f"must be one of {sorted(OUT_DTYPES)}", repr(out_dtype))
-    if not isinstance(fast_accum, (bool, np.bool_)):
-        _fail("fast_accum", "must be a bool", type(fast_accum).__name__)
-    if _is_cupy(scale_a) or _is_cupy(scale_b) or _is_cupy(bias):
-        import cupy
+    return fa, fb
 
-        scale_a, scale_b = (cupy.asnumpy(x) if _is_cupy(x) else x for x in (scale_a, scale_b))
-        bias = cupy.asnumpy(bias) if _is_cupy(bias) else bias
-        if bias is not None and bias.dtype == np.uint16:  # bf16 bits from the device
-            bias = bias.view(ml_dtypes.bfloat16)
-    sa, sb, scaling = _scaling(_check_scale(scale_a, "scale_a"), _check_scale(scale_b, "scale_b"), M, N)
-    sa, sb = np.asarray(sa, dtype=np.float32), np.asarray(sb, dtype=np.float32)
-    bias_f32, bias_dtype = None, None
-    if bias is not None:
-        if not isinstance(bias, np.ndarray) or bias.dtype not in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):
-            _fail("bias", "must be a numpy array of ml_dtypes bfloat16 or float16",
-                  getattr(bias, "dtype", type(bias).__name__))
-        if bias.shape != (N,):
-            _fail("bias", f"must have shape (N,) = ({N},)", f"shape {bias.shape}")
-        bias_dtype = "bfloat16" if bias.dtype == np.dtype(ml_dtypes.bfloat16) else "float16"
-        bias_f32 = bias.astype(np.float32)
-    if backend != "auto" and backend not in backends.LADDER:
-        _fail("backend", f"must be 'auto' or one of {backends.LADDER}", repr(backend))
-    prof.check_features(fa.name, fb.name, out_dtype, scaling, bias_dtype)
-    plan = prof.plan(M, N, K, bool(fast_accum), scaling, fa.name, fb.name, out_dtype) if M else None
-    chosen = backends.select(backend, prof) if M else "reference"
-    mode = prof.mode(scaling)
-    model = prof.instruction
 
-    if chosen != "reference":
-        from .cuda.kernels import gemm_cuda
-        from .cuda.tensorcore import TensorCoreUnsupported
+def _host_arguments(scale_a, scale_b, bias):
+    """Scales and bias given as cupy arrays, copied to the host (bf16 bias bits viewed as bfloat16)."""
+    if not (_is_cupy(scale_a) or _is_cupy(scale_b) or _is_cupy(bias)):
+        return scale_a, scale_b, bias
+    import cupy
 
-        import cupy
+    scale_a, scale_b = (cupy.asnumpy(x) if _is_cupy(x) else x for x in (scale_a, scale_b))
+    bias = cupy.asnumpy(bias) if _is_cupy(bias) else bias
+    if bias is not None and bias.dtype == np.uint16:  # bf16 bits from the device
+        bias = bias.view(ml_dtypes.bfloat16)
+    return scale_a, scale_b, bias
 
-        a_dev = a if on_gpu else cupy.asarray(np.ascontiguousarray(a).view(np.uint8))
-        bt_dev = b.T if on_gpu else cupy.asarray(np.ascontiguousarray(b.T).view(np.uint8))
-        y = None
-        while y is None and chosen != "reference":
-            try:
-                y = gemm_cuda(chosen, a_dev, bt_dev, fa.name, fb.name, plan, model, mode, sa, sb, bias_f32,
-                              out_dtype)
-            except TensorCoreUnsupported as e:  # this call is beyond the tensor-core path: next backend
-                if backend != "auto":
-                    raise backends.CallUnsupported(f"backend: {chosen!r} does not reproduce this call: {e}") \
-                        from None
-                chosen = backends.select("auto", prof, exclude=(chosen,))
-        if y is not None:
-            return y if on_gpu else cupy.asnumpy(y).view(OUT_DTYPES[out_dtype])
 
-    if on_gpu:
-        import cupy
-
-        host = gemm(cupy.asnumpy(a).view(fa.np_dtype), cupy.asnumpy(b.T).view(fb.np_dtype).T, profile=prof,
-                    scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype, fast_accum=fast_accum,
-                    backend="reference")
-        return cupy.asarray(host.view(np.float32 if out_dtype == "float32" else np.uint16))
-    if M == 0:  # torch returns an empty (0, N) result
-        return np.empty((0, N), dtype=OUT_DTYPES[out_dtype])
-    return ref.gemm_codes(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b.T).view(np.uint8), fa, fb,
-                          plan, model, mode["epilogue"], sa, sb, bias_f32, out_dtype,
-                          mode.get("nan_bits", {}).get(out_dtype))
+def _check_bias(bias, N: int):
+    """(bias widened to float32, its dtype name), or (None, None)."""
+    if bias is None:
+        return None, None
+    if not isinstance(bias, np.ndarray) or bias.dtype not in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):
+        _fail("bias", "must be a numpy array of ml_dtypes bfloat16 or float16",
+              getattr(bias, "dtype", type(bias).__name__))
+    if bias.shape != (N,):
+        _fail("bias", f"must have shape (N,) = ({N},)", f"shape {bias.shape}")
+    return bias.astype(np.float32), "bfloat16" if bias.dtype == np.dtype(ml_dtypes.bfloat16) else "float16"
 
 
 def bits_to_float32(bits, out_dtype: str = "bfloat16"):

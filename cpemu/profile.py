@@ -15,6 +15,8 @@ from importlib import resources
 
 import jsonschema
 
+from .call import Call, Epilogue
+from .formats import FP8_FORMATS
 from .instruction import InstructionModel
 from .schedule import Plan, SplitKRule, slices_for
 
@@ -100,6 +102,28 @@ class Profile:
                 self._memo.clear()
             self._memo[key] = plan
         return plan
+
+    def call(self, M: int, N: int, K: int, a_format: str = "e4m3", b_format: str = "e4m3",
+             out_dtype: str = "bfloat16", scaling: str = "tensorwise", fast_accum: bool = True,
+             bias_dtype: str | None = None) -> Call:
+        """The :class:`~cpemu.call.Call` of one call signature: the profile's features checked
+        (:meth:`check_features`), its plan (:meth:`plan`), instruction model and epilogue.
+
+        Built once per signature and cached; a call the profile refuses raises every time
+        (:class:`ProfileFeatureError`, :class:`~cpemu.schedule.UnsupportedShape`). M >= 1: an
+        empty call (M = 0) has no schedule; its entry returns the empty result itself."""
+        key = ("call", M, N, K, a_format, b_format, out_dtype, scaling, bool(fast_accum), bias_dtype)
+        call = self._memo.get(key)
+        if call is None:
+            self.check_features(a_format, b_format, out_dtype, scaling, bias_dtype)
+            plan = self.plan(M, N, K, fast_accum, scaling, a_format, b_format, out_dtype)
+            call = Call(M, N, K, FP8_FORMATS[a_format], FP8_FORMATS[b_format], out_dtype, scaling, bias_dtype,
+                        bool(fast_accum), plan, self.instruction, Epilogue.from_mode(self.mode(scaling), out_dtype),
+                        self.name)
+            if len(self._memo) > 4096:
+                self._memo.clear()
+            self._memo[key] = call
+        return call
 
     def _plan(self, M, N, K, fast_accum, scaling, a_format, b_format, out_dtype) -> Plan:
         mode = self.mode(scaling)

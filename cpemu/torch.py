@@ -492,11 +492,9 @@ def _tc_signature(prof, backend, index, M, N, K, fa, fb, out_name, scaling, bias
 
     sig = None
     if backends.select(backend, prof) == _TENSOR_CORE:
-        prof.check_features(fa, fb, out_name, scaling, bias_name)
-        plan = prof.plan(M, N, K, fast, scaling, fa, fb, out_name)
+        call = prof.call(M, N, K, fa, fb, out_name, scaling, fast, bias_name)
         try:
-            sig = tc.signature(index, M, N, K, fa, fb, plan, prof.instruction, prof.mode(scaling), scaling,
-                               bias_name is not None, out_name, fast)
+            sig = tc.signature(index, call)
         except tc.TensorCoreUnsupported:
             sig = None
     if len(_tc_signatures) > 4096:

@@ -236,6 +236,18 @@ def _fake_gemm_cuda(corrupt=None):
     return gemm_cuda
 
 
+def _fake_launch(corrupt=None):
+    """kernels.launch (the backends' path) computed by the same stand-in as gemm_cuda."""
+    fake = _fake_gemm_cuda(corrupt)
+
+    def launch(kernel_family, call, ops, **kw):
+        mode = {"epilogue": call.epilogue.spec(), "nan_bits": {call.out_dtype: call.epilogue.nan_bits}}
+        return fake(kernel_family, ops.a, ops.bt, call.a_format.name, call.b_format.name, call.plan, call.model,
+                    mode, ops.scale_a, ops.scale_b, ops.bias, call.out_dtype)
+
+    return launch
+
+
 def _fake_nvidia_smi(tmp_path):
     exe = tmp_path / "nvidia-smi"
     exe.write_text("#!/bin/sh\n"
@@ -258,6 +270,7 @@ def fake_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(backends, "_available", {"cuda-tiled": (True, "fake"), "cuda-simple": (True, "fake")})
     monkeypatch.setattr(backends, "_validated", {})
     monkeypatch.setattr(kernels, "gemm_cuda", _fake_gemm_cuda())
+    monkeypatch.setattr(kernels, "launch", _fake_launch())
     smi = _fake_nvidia_smi(tmp_path)
     monkeypatch.setattr(bench, "find_nvidia_smi", lambda: smi)
     return kernels
@@ -294,6 +307,7 @@ def test_cuda_paths_with_stand_ins(tmp_path, fake_gpu):
 
 def test_cuda_mismatch_caps_and_skips(tmp_path, fake_gpu, monkeypatch):
     monkeypatch.setattr(fake_gpu, "gemm_cuda", _fake_gemm_cuda(corrupt="cuda-tiled"))
+    monkeypatch.setattr(fake_gpu, "launch", _fake_launch(corrupt="cuda-tiled"))
     args = GPU_ARGS + ["--no-native", "--max-call-s", "0", "--max-check-call-s", "1e-12"]
     result, d = _run(args, tmp_path / "b.json")
     assert result.exit_code == 1
@@ -380,6 +394,9 @@ def test_default_kernels_unavailable_and_api_only_backends(tmp_path, fake_gpu, m
     monkeypatch.setattr(backends, "LADDER", ladder)
     monkeypatch.setattr(bench, "LADDER", ladder)
     monkeypatch.setitem(backends._available, "cuda-future", (True, "fake"))
+    from cpemu.backends.cuda_kernels import CudaKernel
+
+    monkeypatch.setitem(backends._backends, "cuda-future", CudaKernel("cuda-future"))
     monkeypatch.setitem(backends._available, "cuda-simple", (False, "no fatbin for this GPU"))
     args = ["--kernels", "cuda-future,cuda-simple", "--shape", "64x32", "--M", "16", "--data", "gauss40",
             "--window-s", "0.02", "--windows", "2", "--no-native"]

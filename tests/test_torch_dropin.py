@@ -447,11 +447,11 @@ def test_tensor_core_decision_is_cached_per_signature(monkeypatch):
         calls.append(("select", prof.name))
         return "cublaslt-tc"
 
-    def signature(*args):
-        calls.append(("signature",) + args[1:4])
-        if args[3] == 48:  # K = 48: declined by the path
+    def signature(device, call):
+        calls.append(("signature", call.M, call.N, call.K))
+        if call.K == 48:  # K = 48: declined by the path
             raise tc.TensorCoreUnsupported("declined")
-        return ("sig",) + args[1:4]
+        return ("sig", call.M, call.N, call.K)
 
     monkeypatch.setattr(backends, "select", select)
     monkeypatch.setattr(tc, "signature", signature)

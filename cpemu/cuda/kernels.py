@@ -39,13 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..call import Call, Epilogue, Operands, Order
 from ..formats import CANONICAL_NAN, OUT_DTYPES, FP8Format, fp8_format
 from ..instruction import InstructionModel
 from ..schedule import Plan
 from . import tensorcore
 
 __all__ = ["FAMILIES", "KERNELS", "MODULES", "TILED_VARIANTS", "TILED_SMALL_M_MAX", "SIMPLE_KERNELS", "TENSOR_CORE",
-           "DIRECT", "OUT_KIND", "EPILOGUE_ORDERS", "FROM_SOURCE_ENV", "gemm_cuda", "get_kernel", "tiled_module_for",
+           "DIRECT", "OUT_KIND", "EPILOGUE_ORDERS", "FROM_SOURCE_ENV", "gemm_cuda", "launch", "limits", "get_kernel", "tiled_module_for",
            "simple_kernel_for", "tiled_threads", "as_numpy", "source_path", "available"]
 
 #: kernel family -> (module = cuda_src/<module>.cu = bin/<module>.fatbin, kernel name) of its
@@ -211,8 +212,6 @@ def _codes(x, name: str, cupy, device: int | None):
     mem = x.data  # its device_id is the array's device (cheaper than x.device.id, which builds a Device)
     if device is not None and mem.device_id != device:
         _fail(name, f"must be on the same device as a_codes (device {device})", f"device {mem.device_id}")
-    if mem.ptr % 16:  # 8-byte vector loads of the tiled kernel
-        x = x.copy()
     return x
 
 
@@ -303,7 +302,9 @@ def _config(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw) 
 def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: Plan, model: InstructionModel,
               mode: dict, scale_a, scale_b, bias_f32, out_dtype: str, *, defines: tuple = (),
               tiled_module: str | None = None, simple_kernel: str | None = None):
-    """Exact ``(a @ b) * scales (+ bias)`` on the GPU, bit for bit the reference's.
+    """Exact ``(a @ b) * scales (+ bias)`` on the GPU, bit for bit the reference's: the entry
+    for kernel authors and tests, which checks every argument (``cpemu.gemm`` reaches the
+    kernels through :func:`launch` with a checked :class:`~cpemu.call.Call` instead).
 
     ``a_codes`` (M, K) and ``bt_codes`` (N, K): C-contiguous cupy ``uint8`` arrays of FP8
     codes on the current device (``bt`` is B transposed); ``a_format``/``b_format``:
@@ -353,9 +354,8 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     except (KeyError, TypeError):
         order_name = None
     nan_raw = (mode.get("nan_bits") or {}).get(out_dtype) if isinstance(mode, dict) else None
-    cfg = _config(a_format, b_format, plan, model, K, order_name, out_dtype, nan_raw)
-    fa, fb, L, F, R, slices, promotion, order, nan_bits = cfg
-
+    fa, fb, L, F, R, slices, promotion, order, nan_bits = _config(a_format, b_format, plan, model, K, order_name,
+                                                                  out_dtype, nan_raw)
     if kernel_family == TENSOR_CORE:  # scales are checked and uploaded (once per value) there
         return tensorcore.gemm_tc(a, bt, fa.name, fb.name, plan, model, mode, scale_a, scale_b, bias_f32,
                                   out_dtype, plan.promotion is None, device=device)
@@ -363,51 +363,86 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
                  f"one element (tensorwise) or shape (M, 1) = ({M}, 1) (rowwise)")
     sb = _vector(scale_b, "scale_b", cupy, device, lambda s: int(np.prod(s)) == 1 or s == (1, N),
                  f"one element (tensorwise) or shape (1, N) = (1, {N}) (rowwise)")
-    sa_stride = 0 if sa.size == 1 else 1
-    sb_stride = 0 if sb.size == 1 else 1
-    if bias_f32 is None:
-        has_bias = 0
-        with cupy.cuda.Device(device):
-            bias = cupy.zeros(1, dtype=cupy.float32)
-    else:
-        has_bias = 1
-        bias = _vector(bias_f32, "bias_f32", cupy, device, lambda s: s == (N,), f"shape (N,) = ({N},)")
-
+    bias = None if bias_f32 is None else \
+        _vector(bias_f32, "bias_f32", cupy, device, lambda s: s == (N,), f"shape (N,) = ({N},)")
+    if simple_kernel == "staged" and simple_kernel_for(F) != "staged":
+        _fail("simple_kernel", "'staged' computes instruction models with F in [{}, {}] only".format(
+            *SIMPLE_STAGED_F), f"F = {F}")
+    call = Call(M, N, K, fa, fb, out_dtype, "tensorwise" if sa.size == 1 and sb.size == 1 else "rowwise",
+                None if bias is None else out_dtype, plan.promotion is None, plan, model,
+                Epilogue(Order(order_name), nan_bits), "")
     with cupy.cuda.Device(device):
-        out = cupy.empty((M, N), dtype=cupy.float32 if out_dtype == "float32" else cupy.uint16)
-        if M == 0:
-            return out
-        sl = cupy.asarray(np.asarray(slices, dtype=np.int32).reshape(-1))
-        i32 = np.int32
-        args = [a, bt, i32(M), i32(N), i32(K), i32(fa.name == "e5m2"), i32(fb.name == "e5m2"), i32(L), i32(F),
-                i32(R), i32(model.e_zero), sl, i32(len(slices)), i32(promotion), sa, i32(sa_stride), sb,
-                i32(sb_stride), i32(order), bias, i32(has_bias), out, i32(OUT_KIND[out_dtype]), np.uint32(nan_bits)]
-        if kernel_family == "cuda-simple":
-            if simple_kernel is None:
-                simple_kernel = simple_kernel_for(F)
-            elif simple_kernel == "staged" and simple_kernel_for(F) != "staged":
-                _fail("simple_kernel", "'staged' computes instruction models with F in [{}, {}] only".format(
-                    *SIMPLE_STAGED_F), f"F = {F}")
-            fn = get_kernel(kernel_family, tuple(defines), kernel=simple_kernel)
-            threads, bm, bn = simple_geometry(simple_kernel, fn)
-            if bm:
-                grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, 1)
-                if grid[1] > 65535:
-                    _fail("a_codes", f"M must be at most {65535 * bm} for the staged kernel", M)
-            else:
-                grid = (min((M * N + threads - 1) // threads, 1 << 20), 1, 1)
-            fn(grid, (threads, 1, 1), tuple(args))
-        else:
-            need_ws = promotion > 0 or len(slices) > 1
-            ws = cupy.empty(2 * M * N if need_ws else 1, dtype=cupy.float32)
-            module = tiled_module_for(M, N, _sm_count(device)) if tiled_module is None else tiled_module
-            fn = get_kernel(kernel_family, tuple(defines), module)
-            _, bm, bn, _, _, smem = TILED_VARIANTS[module]
+        return launch(kernel_family, call, Operands(a, bt, sa, sb, bias), defines=defines, tiled_module=tiled_module,
+                      simple_kernel=simple_kernel)
+
+
+def limits(call) -> str | None:
+    """Why the exact kernels cannot compute ``call`` (its model or plan is beyond them), or None."""
+    try:
+        _config(call.a_format, call.b_format, call.plan, call.model, call.K, call.epilogue.order.value,
+                call.out_dtype, call.epilogue.nan_bits)
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
+
+
+def launch(kernel_family: str, call: Call, ops: Operands, *, defines: tuple = (), tiled_module: str | None = None,
+           simple_kernel: str | None = None):
+    """One exact kernel of ``kernel_family`` ("cuda-tiled" or "cuda-simple") for a checked
+    ``call`` (within :func:`limits`) on the current device: ``ops`` holds cupy (M, K) and
+    (N, K) C-contiguous uint8 codes on it, float32 scales (numpy or cupy; one element, or
+    M and N of them) and a float32 (N,) bias or None. Returns the output as :func:`gemm_cuda`
+    does, on cupy's current stream."""
+    cupy = _cupy()
+    M, N, K = call.M, call.N, call.K
+    model, plan, ep = call.model, call.plan, call.epilogue
+    a, bt = _aligned(ops.a), _aligned(ops.bt)
+    sa, sb = _on_device(cupy, ops.scale_a), _on_device(cupy, ops.scale_b)
+    bias = cupy.zeros(1, dtype=cupy.float32) if ops.bias is None else _on_device(cupy, ops.bias)
+    out = cupy.empty((M, N), dtype=cupy.float32 if call.out_dtype == "float32" else cupy.uint16)
+    if M == 0:
+        return out
+    slices = plan.slices
+    promotion = 0 if plan.promotion is None else int(plan.promotion)
+    sl = cupy.asarray(np.asarray(slices, dtype=np.int32).reshape(-1))
+    i32 = np.int32
+    args = [a, bt, i32(M), i32(N), i32(K), i32(call.a_format.name == "e5m2"), i32(call.b_format.name == "e5m2"),
+            i32(model.L), i32(model.F), i32(model.result_fraction_bits), i32(model.e_zero), sl, i32(len(slices)),
+            i32(promotion), sa, i32(sa.size != 1), sb, i32(sb.size != 1), i32(EPILOGUE_ORDERS[ep.order.value]),
+            bias, i32(ops.bias is not None), out, i32(OUT_KIND[call.out_dtype]), np.uint32(ep.nan_bits)]
+    if kernel_family == "cuda-simple":
+        kernel = simple_kernel_for(model.F) if simple_kernel is None else simple_kernel
+        fn = get_kernel(kernel_family, tuple(defines), kernel=kernel)
+        threads, bm, bn = simple_geometry(kernel, fn)
+        if bm:
             grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, 1)
             if grid[1] > 65535:
-                _fail("a_codes", f"M must be at most {65535 * bm} for the tiled kernel", M)
-            fn(grid, (tiled_threads(module, defines), 1, 1), tuple(args + [ws]), shared_mem=smem)
+                _fail("a_codes", f"M must be at most {65535 * bm} for the staged kernel", M)
+        else:
+            grid = (min((M * N + threads - 1) // threads, 1 << 20), 1, 1)
+        fn(grid, (threads, 1, 1), tuple(args))
+        return out
+    ws = cupy.empty(2 * M * N if promotion > 0 or len(slices) > 1 else 1, dtype=cupy.float32)
+    module = tiled_module_for(M, N, _sm_count(a.data.device_id)) if tiled_module is None else tiled_module
+    fn = get_kernel(kernel_family, tuple(defines), module)
+    _, bm, bn, _, _, smem = TILED_VARIANTS[module]
+    grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, 1)
+    if grid[1] > 65535:
+        _fail("a_codes", f"M must be at most {65535 * bm} for the tiled kernel", M)
+    fn(grid, (tiled_threads(module, defines), 1, 1), tuple(args + [ws]), shared_mem=smem)
     return out
+
+
+def _aligned(x):
+    """Codes at a 16-byte aligned address (8-byte vector loads of the tiled kernel): a copy if not."""
+    return x.copy() if x.data.ptr % 16 else x
+
+
+def _on_device(cupy, x):
+    """A float32 array (numpy, numpy scalar or cupy) as a contiguous 1-D cupy array on the current device."""
+    if isinstance(x, cupy.ndarray):
+        return x.reshape(-1) if x.flags.c_contiguous else cupy.ascontiguousarray(x).reshape(-1)
+    return cupy.asarray(np.ascontiguousarray(np.asarray(x, dtype=np.float32)).reshape(-1))
 
 
 def simple_kernel_for(F: int) -> str:

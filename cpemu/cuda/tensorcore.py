@@ -43,7 +43,8 @@ import numpy as np
 
 from ..schedule import Plan, slices_for
 
-__all__ = ["TensorCoreUnsupported", "available", "supports", "gemm_tc", "signature", "launch", "describe"]
+__all__ = ["TensorCoreUnsupported", "available", "supports", "static_reason", "reason", "gemm_tc", "run", "signature",
+           "launch", "describe"]
 
 NAME = "cublaslt-tc"
 HOPPER_MODEL = "hopper-sm90a-wgmma-fp8"
@@ -356,36 +357,43 @@ class _Signature:
         self.descs = (m["desc"], m["A"], m["B"], m["C"], m["D"])
 
 
-def signature(device: int, M: int, N: int, K: int, a_format: str, b_format: str, plan: Plan, model, mode: dict,
-              scaling: str, has_bias: bool, out_dtype: str, fast_accum: bool) -> _Signature:
-    """The prepared call signature (checks, descriptors, configured algorithm; cached per
-    signature), for :func:`launch`. Raises :class:`TensorCoreUnsupported` for calls this
-    path does not reproduce. ``.ada``: the operands must be zero-padded first (Ada profile)."""
-    key = (device, M, N, K, a_format, b_format, plan, model.name, scaling, has_bias, out_dtype, bool(fast_accum),
-           (mode.get("epilogue") or {}).get("order"), (mode.get("nan_bits") or {}).get(out_dtype))
+def static_reason(call) -> str | None:
+    """Why the tensor-core path does not reproduce ``call``, as far as it can be told without
+    the device (:func:`supports`, the epilogue, the formats, the NaN pattern); None otherwise."""
+    ok, why = supports(call.model.name, call.plan, call.K, call.scaling, call.fast_accum)
+    if not ok:
+        return why
+    want_order = "acc*(sa*sb)" if call.scaling == "tensorwise" else "(acc*sb)*sa"
+    if call.epilogue.order.value != want_order:
+        return f"cuBLASLt's {call.scaling} epilogue is {want_order}; the profile says {call.epilogue.order.value}"
+    if call.a_format.name == "e5m2" and call.b_format.name == "e5m2":
+        return "cuBLASLt has no e5m2 x e5m2 FP8 GEMM"
+    if call.epilogue.nan_bits != {"float32": 0x7FFFFFFF}.get(call.out_dtype, 0x7FFF):
+        return f"the profile's NaN pattern 0x{call.epilogue.nan_bits:x} is not cuBLASLt's"
+    return None
+
+
+def signature(device: int, call) -> _Signature:
+    """The prepared signature of ``call`` (a :class:`~cpemu.call.Call`) on ``device``: checks,
+    descriptors, configured algorithm; cached per (device, call), for :func:`launch`. Raises
+    :class:`TensorCoreUnsupported` for calls this path does not reproduce. ``.ada``: the
+    operands must be zero-padded first (Ada profile)."""
+    key = (device, call)
     sigs = _state.setdefault("signatures", {})
     sig = sigs.get(key)
     if sig is not None:
         return sig
-    ok, why = supports(model.name, plan, K, scaling, fast_accum)
-    if not ok:
+    why = static_reason(call)
+    if why is not None:
         raise TensorCoreUnsupported(why)
-    order = (mode.get("epilogue") or {}).get("order")
-    want_order = "acc*(sa*sb)" if scaling == "tensorwise" else "(acc*sb)*sa"
-    if order != want_order:
-        raise TensorCoreUnsupported(f"cuBLASLt's {scaling} epilogue is {want_order}; the profile says {order}")
-    if a_format == "e5m2" and b_format == "e5m2":
-        raise TensorCoreUnsupported("cuBLASLt has no e5m2 x e5m2 FP8 GEMM")
-    nan_bits = (mode.get("nan_bits") or {}).get(out_dtype)
-    if nan_bits is not None and int(nan_bits) != {"float32": 0x7FFFFFFF}.get(out_dtype, 0x7FFF):
-        raise TensorCoreUnsupported(f"the profile's NaN pattern 0x{int(nan_bits):x} is not cuBLASLt's")
-    ada = model.name == ADA_MODEL
+    ada = call.model.name == ADA_MODEL
     lt = _lt()
     from ..recording.cublaslt_heuristic import Case as LtCase
 
-    case = LtCase(M, N, 2 * K if ada else K, a_format, b_format, out_dtype, bool(fast_accum), has_bias, scaling)
+    case = LtCase(call.M, call.N, 2 * call.K if ada else call.K, call.a_format.name, call.b_format.name,
+                  call.out_dtype, call.fast_accum, call.has_bias, call.scaling)
     handle = _handle(lt, device)
-    prep = _prepared(lt, device, handle, case, plan.splits)
+    prep = _prepared(lt, device, handle, case, call.plan.splits)
     sig = _Signature(prep, ada, handle)
     with _lock:
         if len(sigs) > 256:
@@ -394,9 +402,20 @@ def signature(device: int, M: int, N: int, K: int, a_format: str, b_format: str,
     return sig
 
 
+def reason(call, device: int) -> str | None:
+    """None when the tensor-core path reproduces ``call`` on ``device`` (its signature is then
+    prepared and cached), else why not."""
+    try:
+        signature(device, call)
+    except TensorCoreUnsupported as e:
+        return str(e)
+    return None
+
+
 def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, mode: dict, scale_a, scale_b,
             bias_f32, out_dtype: str, fast_accum: bool, device: int | None = None):
-    """The profile's bits on the device's tensor cores (see the module docstring).
+    """The profile's bits on the device's tensor cores (see the module docstring), for
+    :func:`cpemu.cuda.kernels.gemm_cuda`.
 
     Arguments as :func:`cpemu.cuda.kernels.gemm_cuda` (operands already checked there;
     scales numpy or cupy float32: one element each, or (M, 1) and (1, N) for rowwise),
@@ -404,32 +423,47 @@ def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, 
     None). Raises :class:`TensorCoreUnsupported` for calls this path does not reproduce.
     Returns a cupy (M, N) array: float32, or uint16 bits for bfloat16/fp16.
     """
-    cupy = _cupy()
-    if device is None:
-        device = a_codes.data.device_id
+    from ..call import Call, Epilogue
+    from ..formats import FP8_FORMATS
+
     M, K = a_codes.shape
     N = bt_codes.shape[0]
     scaling = "tensorwise" if (_size(scale_a) == 1 and _size(scale_b) == 1) else "rowwise"
-    sig = signature(device, M, N, K, a_format, b_format, plan, model, mode, scaling, bias_f32 is not None,
-                    out_dtype, fast_accum)
+    call = Call(M, N, K, FP8_FORMATS[a_format], FP8_FORMATS[b_format], out_dtype, scaling,
+                None if bias_f32 is None else out_dtype, bool(fast_accum), plan, model,
+                Epilogue.from_mode(mode, out_dtype), "")
+    from ..call import Operands
+
+    return run(call, Operands(a_codes, bt_codes, scale_a, scale_b, bias_f32),
+               a_codes.data.device_id if device is None else device)
+
+
+def run(call, ops, device: int | None = None):
+    """``call`` on the device's tensor cores: ``ops`` as for the exact kernels (cupy codes on
+    ``device``, default the operands' device). Raises :class:`TensorCoreUnsupported` for a
+    call this path does not reproduce."""
+    cupy = _cupy()
+    if device is None:
+        device = ops.a.data.device_id
+    sig = signature(device, call)
     if cupy.cuda.runtime.getDevice() == device:
-        return _gemm_tc_here(cupy, sig, device, a_codes, bt_codes, M, N, scaling, scale_a, scale_b, bias_f32,
-                             out_dtype)
+        return _gemm_tc_here(cupy, sig, device, call, ops)
     with cupy.cuda.Device(device):
-        return _gemm_tc_here(cupy, sig, device, a_codes, bt_codes, M, N, scaling, scale_a, scale_b, bias_f32,
-                             out_dtype)
+        return _gemm_tc_here(cupy, sig, device, call, ops)
 
 
-def _gemm_tc_here(cupy, sig, device, a_codes, bt_codes, M, N, scaling, scale_a, scale_b, bias_f32, out_dtype):
-    """gemm_tc's call with ``device`` current."""
-    rowwise = scaling == "rowwise"
-    sa = _scale(scale_a, "scale_a", cupy, device, M if rowwise else 1,
+def _gemm_tc_here(cupy, sig, device, call, ops):
+    """:func:`run` with ``device`` current."""
+    M, N, out_dtype = call.M, call.N, call.out_dtype
+    rowwise = call.rowwise
+    sa = _scale(ops.scale_a, "scale_a", cupy, device, M if rowwise else 1,
                 f"shape (M, 1) = ({M}, 1)" if rowwise else "one element")
-    sb = _scale(scale_b, "scale_b", cupy, device, N if rowwise else 1,
+    sb = _scale(ops.scale_b, "scale_b", cupy, device, N if rowwise else 1,
                 f"shape (1, N) = (1, {N})" if rowwise else "one element")
     out = cupy.empty((M, N), dtype=cupy.float32 if out_dtype == "float32" else cupy.uint16)
     if M == 0:
         return out
+    a_codes, bt_codes = ops.a, ops.bt
     if sig.ada:
         a_codes, bt_codes = _pad_k16(a_codes), _pad_k16(bt_codes)
     # the heuristic's algorithms assume 256-byte aligned operands (its default preference)
@@ -441,8 +475,8 @@ def _gemm_tc_here(cupy, sig, device, a_codes, bt_codes, M, N, scaling, scale_a, 
         bt_codes = bt_codes.copy()
         bt_ptr = bt_codes.data.ptr
     bias_ptr = None
-    if bias_f32 is not None:
-        b32 = bias_f32 if isinstance(bias_f32, cupy.ndarray) else cupy.asarray(np.asarray(bias_f32, np.float32))
+    if ops.bias is not None:
+        b32 = ops.bias if isinstance(ops.bias, cupy.ndarray) else cupy.asarray(np.asarray(ops.bias, np.float32))
         # the bias was widened exactly from bf16/fp16 (the output dtype): narrow it back
         bias = (b32.view(cupy.uint32) >> 16).astype(cupy.uint16) if out_dtype == "bfloat16" else \
             b32.astype(cupy.float16)

@@ -1,0 +1,29 @@
+"""``reference``: the numpy specification (:mod:`cpemu.reference`) as a backend."""
+
+from __future__ import annotations
+
+from .. import reference as ref
+
+__all__ = ["BACKENDS"]
+
+
+class Reference:
+    name = "reference"
+    on_device = False
+
+    def available(self) -> str | None:
+        return None
+
+    def detail(self) -> str:
+        return "numpy on the CPU"
+
+    def supports(self, call) -> str | None:
+        return None
+
+    def run(self, call, ops):
+        return ref.gemm_codes(ops.a, ops.bt, call.a_format, call.b_format, call.plan, call.model,
+                              call.epilogue.spec(), ops.scale_a, ops.scale_b, ops.bias, call.out_dtype,
+                              call.epilogue.nan_bits)
+
+
+BACKENDS = {"reference": Reference()}

@@ -1,0 +1,46 @@
+"""``cublaslt-tc``: the device's own FP8 tensor cores through cuBLASLt, with the profile's
+schedule (:mod:`cpemu.cuda.tensorcore`). Hopper only; its bits depend on the device and on
+the cuBLASLt build, so the ladder uses it only where it is validated."""
+
+from __future__ import annotations
+
+__all__ = ["BACKENDS"]
+
+
+class TensorCore:
+    name = "cublaslt-tc"
+    on_device = True
+
+    def _status(self) -> tuple[bool, str]:
+        try:
+            from ..cuda import tensorcore
+        except Exception as e:  # noqa: BLE001 - a packaging problem
+            return False, f"tensor-core module unavailable: {e}"
+        return tensorcore.available()
+
+    def available(self) -> str | None:
+        ok, why = self._status()
+        return None if ok else why
+
+    def detail(self) -> str:
+        return self._status()[1]
+
+    def supports(self, call) -> str | None:
+        """None when cuBLASLt reproduces ``call`` on the current device (its configured algorithm
+        is then prepared and cached), else why not."""
+        from ..cuda import tensorcore
+
+        why = tensorcore.static_reason(call)
+        if why is not None:
+            return why
+        import cupy
+
+        return tensorcore.reason(call, int(cupy.cuda.runtime.getDevice()))
+
+    def run(self, call, ops):
+        from ..cuda import tensorcore
+
+        return tensorcore.run(call, ops)
+
+
+BACKENDS = {"cublaslt-tc": TensorCore()}
