@@ -4,11 +4,13 @@ the cuBLASLt build, so the ladder uses it only where it is validated."""
 
 from __future__ import annotations
 
+from . import TENSOR_CORE
+
 __all__ = ["BACKENDS"]
 
 
 class TensorCore:
-    name = "cublaslt-tc"
+    name = TENSOR_CORE
     on_device = True
 
     def _status(self) -> tuple[bool, str]:
@@ -43,4 +45,4 @@ class TensorCore:
         return tensorcore.run(call, ops)
 
 
-BACKENDS = {"cublaslt-tc": TensorCore()}
+BACKENDS = {TENSOR_CORE: TensorCore()}

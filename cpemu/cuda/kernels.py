@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backends import TENSOR_CORE as _TENSOR_CORE
 from ..call import Call, Epilogue, Operands, Order
 from ..formats import CANONICAL_NAN, OUT_DTYPES, FP8Format, fp8_format
 from ..instruction import InstructionModel
@@ -59,7 +60,7 @@ KERNELS = {
 MODULES = {"cuda-simple": ("gemm_simple",), "cuda-tiled": ("gemm_tiled", "gemm_tiled_small_m")}
 FAMILIES = tuple(KERNELS)
 #: the tensor-core backend (cpemu/cuda/tensorcore.py): same call, device-dependent bits
-TENSOR_CORE = "cublaslt-tc"
+TENSOR_CORE = _TENSOR_CORE
 #: every backend gemm_cuda launches
 DIRECT = FAMILIES + (TENSOR_CORE,)
 

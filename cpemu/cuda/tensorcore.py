@@ -41,12 +41,15 @@ import threading
 
 import numpy as np
 
+from ..backends import TENSOR_CORE
+from ..call import Call, Epilogue, Operands, Order
+from ..formats import FP8_FORMATS
 from ..schedule import Plan, slices_for
 
 __all__ = ["TensorCoreUnsupported", "available", "supports", "static_reason", "reason", "gemm_tc", "run", "signature",
            "launch", "describe"]
 
-NAME = "cublaslt-tc"
+NAME = TENSOR_CORE
 HOPPER_MODEL = "hopper-sm90a-wgmma-fp8"
 ADA_MODEL = "ada-sm89-mma-fp8"
 #: K tile of cuBLASLt's Hopper FP8 kernels: split-K slices are whole multiples of it.
@@ -363,9 +366,9 @@ def static_reason(call) -> str | None:
     ok, why = supports(call.model.name, call.plan, call.K, call.scaling, call.fast_accum)
     if not ok:
         return why
-    want_order = "acc*(sa*sb)" if call.scaling == "tensorwise" else "(acc*sb)*sa"
-    if call.epilogue.order.value != want_order:
-        return f"cuBLASLt's {call.scaling} epilogue is {want_order}; the profile says {call.epilogue.order.value}"
+    want = Order.SCALES_FIRST if call.scaling == "tensorwise" else Order.B_THEN_A
+    if call.epilogue.order is not want:
+        return f"cuBLASLt's {call.scaling} epilogue is {want.value}; the profile says {call.epilogue.order.value}"
     if call.a_format.name == "e5m2" and call.b_format.name == "e5m2":
         return "cuBLASLt has no e5m2 x e5m2 FP8 GEMM"
     if call.epilogue.nan_bits != {"float32": 0x7FFFFFFF}.get(call.out_dtype, 0x7FFF):
@@ -423,17 +426,12 @@ def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, 
     None). Raises :class:`TensorCoreUnsupported` for calls this path does not reproduce.
     Returns a cupy (M, N) array: float32, or uint16 bits for bfloat16/fp16.
     """
-    from ..call import Call, Epilogue
-    from ..formats import FP8_FORMATS
-
     M, K = a_codes.shape
     N = bt_codes.shape[0]
     scaling = "tensorwise" if (_size(scale_a) == 1 and _size(scale_b) == 1) else "rowwise"
     call = Call(M, N, K, FP8_FORMATS[a_format], FP8_FORMATS[b_format], out_dtype, scaling,
                 None if bias_f32 is None else out_dtype, bool(fast_accum), plan, model,
                 Epilogue.from_mode(mode, out_dtype), "")
-    from ..call import Operands
-
     return run(call, Operands(a_codes, bt_codes, scale_a, scale_b, bias_f32),
                a_codes.data.device_id if device is None else device)
 
