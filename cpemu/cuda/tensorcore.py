@@ -7,7 +7,7 @@ split-K slices, the reduction and the epilogue. This backend runs cuBLASLt throu
 API (``ctypes``) with an explicitly configured algorithm:
 
 * the descriptors torch 2.11 builds for ``torch._scaled_mm`` (``at::cuda::blas::scaled_gemm``;
-  :func:`cpemu.recording.cublaslt_heuristic.build_descs`): cuBLASLt A = ``bt``, B = ``a``,
+  :func:`cpemu.cuda.cublaslt.build_descs`): cuBLASLt A = ``bt``, B = ``a``,
   TN layout, FP32 compute, fast accumulation as asked, scales through the A/B scale
   pointers (scalars, or outer vectors for rowwise), bias through the BIAS epilogue;
 * the algorithm: cuBLASLt's heuristic proposes an algorithm id, tile, stages, cluster and
@@ -91,20 +91,10 @@ def _lt():
                 raise _state["lt"]
             return _state["lt"]
         try:
-            from ..recording import cublaslt_heuristic as h
+            from . import cublaslt
 
-            path, _how, _tried = h.find_cublaslt(None)
-            lt = h.CublasLt(path)
-            vp, sz, i32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
-            palgo = ctypes.POINTER(h.MatmulAlgo)
-            lt.matmul = lt._bind("cublasLtMatmul", i32, [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, palgo,
-                                                         vp, sz, vp])
-            lt.algo_init = lt._bind("cublasLtMatmulAlgoInit", i32, [vp, i32, i32, i32, i32, i32, i32, i32, palgo])
-            lt.algo_config_set = lt._bind("cublasLtMatmulAlgoConfigSetAttribute", i32, [palgo, i32, vp, sz])
-            lt.algo_check = lt._bind("cublasLtMatmulAlgoCheck", i32,
-                                     [vp, vp, vp, vp, vp, vp, palgo, ctypes.POINTER(h.HeuristicResult)])
-            lt.h = h
-            lt.path = path
+            lt = cublaslt.load()
+            lt.h = cublaslt  # the binding's module, read through lt.h below
         except Exception as e:  # noqa: BLE001 - reported as unavailability
             err = OSError(f"libcublasLt unusable: {type(e).__name__}: {e}")
             _state["lt"] = err
@@ -391,7 +381,7 @@ def signature(device: int, call) -> _Signature:
         raise TensorCoreUnsupported(why)
     ada = call.model.name == ADA_MODEL
     lt = _lt()
-    from ..recording.cublaslt_heuristic import Case as LtCase
+    from .cublaslt import Case as LtCase
 
     case = LtCase(call.M, call.N, 2 * call.K if ada else call.K, call.a_format.name, call.b_format.name,
                   call.out_dtype, call.fast_accum, call.has_bias, call.scaling)
@@ -523,7 +513,7 @@ def describe(M, N, K, a_format, b_format, out_dtype, fast_accum, bias, scaling, 
     """The algorithm configuration this backend runs for a call signature (for records)."""
     cupy = _cupy()
     lt = _lt()
-    from ..recording.cublaslt_heuristic import Case as LtCase
+    from .cublaslt import Case as LtCase
 
     device = cupy.cuda.Device().id
     case = LtCase(M, N, 2 * K if ada else K, a_format, b_format, out_dtype, bool(fast_accum), bool(bias), scaling)

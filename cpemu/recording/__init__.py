@@ -4,11 +4,13 @@ Run on a machine with an NVIDIA GPU and torch (``cpemu record`` drives them all)
 
 * :mod:`.truth_recorder` -- torch._scaled_mm outputs for the designed case suites;
   which malformed calls torch rejects;
-* :mod:`.cublaslt_heuristic` -- cuBLASLt's algorithm choice, asked exactly as torch asks;
+* :mod:`.cublaslt_heuristic` -- cuBLASLt's algorithm choice, asked exactly as torch asks (the command
+  line; its grids, queries, log parser and torch-log children are the ``cublaslt_*`` modules, and the
+  cuBLASLt binding itself is :mod:`cpemu.cuda.cublaslt`);
 * :mod:`.splitk_table` -- compact split-K tables over many shapes;
 * :mod:`.splitk_rule` -- the profile's split-K rule derived from them, checked on held-out shapes;
 * :mod:`.fit` -- which schedule and epilogue candidates reproduce recorded outputs;
 * :mod:`.import_truth` -- a committed truth folder with its manifest.
 
-Nothing here is imported by ``cpemu`` itself.
+The emulator never imports anything here; only the ``cpemu record`` command does.
 """
