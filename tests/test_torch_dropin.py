@@ -33,6 +33,7 @@ torch = pytest.importorskip("torch")
 import cpemu
 import cpemu.torch as ct
 from cpemu.cases import Case, operands, sha256_arrays
+from cpemu.torch import convert, layout, routes, scaling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRUTH = os.path.join(ROOT, "tests", "data", "h200")
@@ -121,9 +122,9 @@ def test_layout_rule_matches_torch():
     base = torch.empty(512)
     for s0, s1, t0, t1 in itertools.product(range(4), range(4), range(8), range(8)):
         t = base.as_strided((s0, s1), (t0, t1))
-        assert ct._dense_2d(s0, s1, t0, t1) == ct._dense_any([s0, s1], [t0, t1]), (s0, s1, t0, t1)
+        assert layout._dense_2d(s0, s1, t0, t1) == layout._dense_any([s0, s1], [t0, t1]), (s0, s1, t0, t1)
         if t.numel():
-            assert ct._non_overlapping_and_dense(t) == bool(ref(t)), (s0, s1, t0, t1)
+            assert layout._non_overlapping_and_dense(t) == bool(ref(t)), (s0, s1, t0, t1)
 
 
 @pytest.mark.parametrize("sb_shape", [(), (1,), (1, 1), (1, 1, 1), (2,), (1, 32)])
@@ -141,7 +142,8 @@ def test_tensorwise_shortcut_is_the_joint_rule(sb_shape):
             return type(e), str(e).split("\n")[0]
 
     # the rule without the shortcut: ATen's loop over the pairs
-    assert outcome(lambda: ct._joint_scaling(a, b, sa, sb)) == outcome(lambda: ct._joint_scaling_by_pairs(a, b, sa, sb))
+    assert (outcome(lambda: scaling._joint_scaling(a, b, sa, sb))
+            == outcome(lambda: scaling._joint_scaling_by_pairs(a, b, sa, sb)))
 
 
 def test_dropin_positional_and_strided_operands():
@@ -164,7 +166,7 @@ def test_dropin_positional_and_strided_operands():
 def test_numpy_views_do_not_copy():
     a = torch.zeros((16, 32), dtype=torch.uint8).view(F8)
     b = torch.zeros((16, 32), dtype=torch.uint8).view(F8).t()
-    na, nb = ct._fp8_numpy(a), ct._fp8_numpy(b)
+    na, nb = convert._fp8_numpy(a), convert._fp8_numpy(b)
     assert na.dtype == np.dtype(ml_dtypes.float8_e4m3fn) and nb.shape == (32, 16)
     assert na.__array_interface__["data"][0] == a.data_ptr()
     assert nb.__array_interface__["data"][0] == b.data_ptr() and nb.T.flags.c_contiguous
@@ -455,26 +457,26 @@ def test_tensor_core_decision_is_cached_per_signature(monkeypatch):
 
     monkeypatch.setattr(backends, "select", select)
     monkeypatch.setattr(tc, "signature", signature)
-    monkeypatch.setattr(ct, "_tc_signatures", {})
+    monkeypatch.setattr(routes, "_tc_signatures", {})
     prof = get_profile(ct.DEFAULT_PROFILE)
     args = ("auto", 0, 16, 64, 32, "e4m3", "e4m3", "bfloat16", "tensorwise", None, True)
-    first = ct._tc_signature(prof, *args)
+    first = routes._tc_signature(prof, *args)
     assert first == ("sig", 16, 64, 32)
-    assert ct._tc_signature(prof, *args) is first
+    assert routes._tc_signature(prof, *args) is first
     assert calls == [("select", prof.name), ("signature", 16, 64, 32)]
     # a declined call is remembered as declined
     declined = args[:4] + (48,) + args[5:]
-    assert ct._tc_signature(prof, *declined) is None
-    assert ct._tc_signature(prof, *declined) is None
+    assert routes._tc_signature(prof, *declined) is None
+    assert routes._tc_signature(prof, *declined) is None
     assert len(calls) == 4
     # a feature the profile refuses (bias with fp32 output) raises on every call
     refused = args[:7] + ("float32",) + args[8:9] + ("bfloat16",) + args[10:]
     for _ in range(2):
         with pytest.raises(cpemu.ProfileFeatureError, match="bias"):
-            ct._tc_signature(prof, *refused)
+            routes._tc_signature(prof, *refused)
     assert len(calls) == 6
     # an equal profile object loaded again is its own signature
     other = dataclasses.replace(prof)
     assert other is not prof
-    assert ct._tc_signature(other, *args) == first
+    assert routes._tc_signature(other, *args) == first
     assert len(calls) == 8

@@ -101,6 +101,7 @@ def test_cuda_operands_stay_on_the_device(monkeypatch, out_dtype, side_stream, b
     queued, nor takes the general route."""
     _needs_hopper()
     import cpemu.torch as ct
+    from cpemu.torch import convert, routes
 
     M, N = 64, 5760
     a, w, g = _evo2_1b_operands(M)
@@ -118,9 +119,10 @@ def test_cuda_operands_stay_on_the_device(monkeypatch, out_dtype, side_stream, b
     def no_host_read(t):
         raise AssertionError("a scale or the bias was read on the host before the GEMM was queued")
 
-    monkeypatch.setattr(ct, "_fp8_numpy", no_host_copy)
-    monkeypatch.setattr(ct, "_host_numpy", no_host_read)
-    monkeypatch.setattr(ct, "_gemm_on_device", not_this_route)
+    monkeypatch.setattr(routes, "_fp8_numpy", no_host_copy)
+    monkeypatch.setattr(routes, "_host_numpy", no_host_read)
+    monkeypatch.setattr(convert, "_host_numpy", no_host_read)
+    monkeypatch.setattr(routes, "_gemm_on_device", not_this_route)
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -136,6 +138,7 @@ def test_tensor_core_pointer_path_rowwise_and_padded_operands(monkeypatch, fast_
     route copies it): torch's bits in each case."""
     _needs_hopper()
     import cpemu.torch as ct
+    from cpemu.torch import routes
 
     M = 48
     a, w, sa, sb, want = _rowwise_case(M, 6, fast_accum)
@@ -150,8 +153,8 @@ def test_tensor_core_pointer_path_rowwise_and_padded_operands(monkeypatch, fast_
     a_off = _at_offset(a, 16)
     assert a_off.data_ptr() % 256
     calls = []
-    original = ct._gemm_on_device
-    monkeypatch.setattr(ct, "_gemm_on_device", lambda *x, **k: calls.append(1) or original(*x, **k))
+    original = routes._gemm_on_device
+    monkeypatch.setattr(routes, "_gemm_on_device", lambda *x, **k: calls.append(1) or original(*x, **k))
     _same_bits(ct.scaled_mm(a_off, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum), want)
     assert calls == [1], "an unaligned operand must leave the pointer path"
 
@@ -190,11 +193,12 @@ def test_exact_kernel_route_rowwise_and_unaligned_operand(monkeypatch, fast_accu
     the kernel's wrapper): torch's bits, and the exact-kernel route in each case."""
     _needs_hopper()
     import cpemu.torch as ct
+    from cpemu.torch import routes
 
     a, w, sa, sb, want = _rowwise_case(48, 8, fast_accum)
     calls = []
-    original = ct._exact_kernel_call
-    monkeypatch.setattr(ct, "_exact_kernel_call", lambda *x, **k: calls.append(1) or original(*x, **k))
+    original = routes._exact_kernel_call
+    monkeypatch.setattr(routes, "_exact_kernel_call", lambda *x, **k: calls.append(1) or original(*x, **k))
     _same_bits(ct.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum,
                             backend="cuda-tiled"), want)
     a_off = _at_offset(a, 8)
@@ -211,6 +215,7 @@ def test_ada_profile_pointer_path_equals_the_exact_kernel(monkeypatch, out_dtype
     which does not use tensor cores; an Evo 2 1B projection, M = 40, unit and non-unit scales."""
     _needs_hopper()
     import cpemu.torch as ct
+    from cpemu.torch import routes
 
     M, N = 40, 5760
     a, w, g = _evo2_1b_operands(M, seed=8)
@@ -221,7 +226,7 @@ def test_ada_profile_pointer_path_equals_the_exact_kernel(monkeypatch, out_dtype
         want = ct.scaled_mm(a, w.t(), sa, sb, bias=bias, out_dtype=odt, use_fast_accum=True,
                             profile="ada-rtx4060-torch", backend="cuda-tiled")
         with monkeypatch.context() as mp:
-            mp.setattr(ct, "_gemm_on_device", lambda *x, **k: (_ for _ in ()).throw(
+            mp.setattr(routes, "_gemm_on_device", lambda *x, **k: (_ for _ in ()).throw(
                 AssertionError("the Ada profile on a Hopper GPU left the pointer path")))
             got = ct.scaled_mm(a, w.t(), sa, sb, bias=bias, out_dtype=odt, use_fast_accum=True,
                                profile="ada-rtx4060-torch")

@@ -1,0 +1,150 @@
+"""The forward FP8 GEMM of a Transformer Engine linear layer under delayed scaling: ``FP8Linear``,
+with TE's scale (:func:`delayed_scaling_scale`) and cast (:func:`quantize_e4m3`)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..profile import DEFAULT_PROFILE, get_profile
+from .api import scaled_mm
+
+#: Largest finite float8_e4m3fn value (Transformer Engine's ``fp8_max`` for E4M3).
+E4M3_MAX = 448.0
+
+
+def delayed_scaling_scale(amax, margin: int = 0, fp8_max: float = E4M3_MAX) -> torch.Tensor:
+    """Transformer Engine's delayed-scaling scale from an amax: ``(fp8_max / amax) / 2**margin``
+    in float32; 1 when amax is 0 or not finite, the largest float32 when the quotient overflows.
+    Returns a 0-d float32 tensor."""
+    amax = torch.as_tensor(amax, dtype=torch.float32).detach().reshape(())
+    one = torch.ones((), dtype=torch.float32, device=amax.device)
+    sf = (torch.tensor(fp8_max, dtype=torch.float32, device=amax.device) / amax) / (2.0 ** margin)
+    sf = torch.where(amax > 0.0, sf, one)
+    sf = torch.where(torch.isfinite(amax), sf, one)
+    return torch.where(torch.isinf(sf), torch.full_like(sf, torch.finfo(torch.float32).max), sf)
+
+
+def quantize_e4m3(x: torch.Tensor, scale) -> torch.Tensor:
+    """``x * scale`` in float32, saturated to +-448 and rounded to nearest even float8_e4m3fn,
+    as Transformer Engine's cast kernel does (``__nv_cvt_float_to_fp8(.., __NV_SATFINITE, ..)``);
+    NaN stays NaN."""
+    scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    y = x.to(torch.float32) * scale
+    return torch.clamp(y, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+class FP8Linear(torch.nn.Module):
+    """The forward GEMM of a Transformer Engine FP8 linear layer (delayed scaling), emulated.
+
+    This is what ``te.Linear`` (no bias) computes under ``fp8_autocast`` with delayed
+    scaling, as in Evo 2's FP8 projections, with the bits of ``profile``'s GPU:
+
+    1. the input is quantised to E4M3 with the given ``input_scale``:
+       ``q = e4m3(clamp(x * input_scale, -448, 448))`` (round to nearest even);
+    2. rows are padded with zeros to a multiple of 16 tokens (cuBLASLt FP8 needs it);
+    3. ``y = scaled_mm(q, weight.t(), input_scale_inv, weight_scale_inv,
+       out_dtype=torch.bfloat16, use_fast_accum=True)`` (TE's forward GEMM does not use
+       the split accumulator), no bias;
+    4. the padding rows are removed; leading dimensions of ``x`` are kept.
+
+    Buffers: ``weight`` (out_features, in_features) float8_e4m3fn, ``weight_scale_inv``,
+    ``input_scale``, ``input_scale_inv`` (0-d float32). ``.to(device)`` moves them; the
+    scales are "given values" (TE's amax history is not updated here).
+
+    Build it from a high-precision weight with :meth:`from_weight` (scales derived from
+    amaxes as TE's delayed scaling does), or from an already quantised weight with
+    :meth:`from_fp8` (e.g. an FP8 checkpoint: weight bytes plus ``scale_inv``).
+
+    Caveat: the numerics are those of ``torch._scaled_mm`` on the profile's GPU (the
+    instruction, its accumulation and torch's cuBLASLt configuration). TE calls
+    cuBLASLt itself, with its own workspace, so for shapes where cuBLASLt's heuristic
+    would split K the two may differ (not recorded). With tokens padded to 16 rows,
+    the H200 profile splits none of Evo 2's projection shapes (1B, 7B, 40B): each
+    output is one fast-accumulation chain over K.
+    """
+
+    def __init__(self, weight_fp8, weight_scale_inv, input_scale, *, input_scale_inv=None,
+                 profile=DEFAULT_PROFILE, backend="auto"):
+        super().__init__()
+        if not isinstance(weight_fp8, torch.Tensor) or weight_fp8.dtype != torch.float8_e4m3fn \
+                or weight_fp8.dim() != 2:
+            raise ValueError("weight_fp8: must be a 2-D (out_features, in_features) torch.float8_e4m3fn tensor")
+        dev = weight_fp8.device
+        wsi = torch.as_tensor(weight_scale_inv, dtype=torch.float32, device=dev).detach().reshape(())
+        isc = torch.as_tensor(input_scale, dtype=torch.float32, device=dev).detach().reshape(())
+        isi = (torch.reciprocal(isc) if input_scale_inv is None
+               else torch.as_tensor(input_scale_inv, dtype=torch.float32, device=dev).detach().reshape(()))
+        get_profile(profile)
+        self.profile = profile
+        self.backend = backend
+        self.register_buffer("weight", weight_fp8.detach().contiguous())
+        self.register_buffer("weight_scale_inv", wsi.clone())
+        self.register_buffer("input_scale", isc.clone())
+        self.register_buffer("input_scale_inv", isi.clone())
+
+    @classmethod
+    def from_weight(cls, weight, *, input_amax=None, input_scale=None, weight_amax=None, margin: int = 0,
+                    profile=DEFAULT_PROFILE, backend="auto"):
+        """From a bf16/fp32 (out_features, in_features) weight, with TE delayed-scaling scales.
+
+        ``weight_amax`` (default: the weight's own max |w|) and ``input_amax`` (the amax
+        history's value for the input; or pass ``input_scale`` directly) give
+        ``scale = (448 / amax) / 2**margin``; ``scale_inv = 1 / scale`` in float32.
+        """
+        if (input_amax is None) == (input_scale is None):
+            raise ValueError("from_weight: pass exactly one of input_amax and input_scale")
+        weight = weight.detach()
+        w_amax = weight.abs().max().float() if weight_amax is None else weight_amax
+        w_scale = delayed_scaling_scale(w_amax, margin).to(weight.device)
+        if input_scale is None:
+            input_scale = delayed_scaling_scale(input_amax, margin)
+        return cls(quantize_e4m3(weight, w_scale), torch.reciprocal(w_scale), input_scale,
+                   profile=profile, backend=backend)
+
+    @classmethod
+    def from_fp8(cls, weight_fp8, weight_scale_inv, *, input_scale, input_scale_inv=None,
+                 profile=DEFAULT_PROFILE, backend="auto"):
+        """From a quantised E4M3 weight and its ``scale_inv`` (an FP8 checkpoint)."""
+        return cls(weight_fp8, weight_scale_inv, input_scale, input_scale_inv=input_scale_inv,
+                   profile=profile, backend=backend)
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def extra_repr(self) -> str:
+        name = getattr(self.profile, "name", self.profile)
+        return f"in_features={self.in_features}, out_features={self.out_features}, profile={name!r}"
+
+    def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The E4M3 codes TE feeds the GEMM for ``x`` (same shape)."""
+        return quantize_e4m3(x, self.input_scale)
+
+    def forward_fp8(self, x_fp8: torch.Tensor) -> torch.Tensor:
+        """The GEMM on an already quantised (tokens, in_features) E4M3 input; bf16 (tokens, out_features)."""
+        M, K = x_fp8.shape
+        if K != self.in_features:
+            raise ValueError(f"input: last dimension must be in_features = {self.in_features} (got {K})")
+        pad = -M % 16
+        if pad:
+            buf = torch.zeros((M + pad, K), dtype=torch.uint8, device=x_fp8.device)
+            buf[:M] = x_fp8.view(torch.uint8)
+            x_fp8 = buf.view(torch.float8_e4m3fn)
+        else:
+            x_fp8 = x_fp8.contiguous()
+        y = scaled_mm(x_fp8, self.weight.t(), self.input_scale_inv, self.weight_scale_inv,
+                      out_dtype=torch.bfloat16, use_fast_accum=True, profile=self.profile, backend=self.backend)
+        return y[:M] if pad else y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input: last dimension must be in_features = {self.in_features} "
+                             f"(got shape {tuple(x.shape)})")
+        lead = x.shape[:-1]
+        q = self.quantize_input(x.reshape(-1, self.in_features))
+        y = self.forward_fp8(q)
+        return y.reshape(*lead, self.out_features)
