@@ -5,7 +5,7 @@ as torch's, the profile's plan, the backend ``--backend`` picks, the result as a
 against the native call on the same operands, in one run. Per (shape, M): both calls warm up,
 then ``--windows`` windows of back-to-back calls, each at least ``--window-s`` long, are timed
 with CUDA events on torch's current stream; the median window gives ms per call, TMAC/s and the
-ratio emulated / native. The method is ``bench_kernels``' (:func:`bench_kernels.time_device`):
+ratio emulated / native. The method is ``bench_kernels``' (:func:`benchkit.timing.time_device`):
 warm-up batches, windows shorter than ``--window-s`` discarded, the host time per call from a
 warm-up batch too short to fill the driver's queue. Both calls run on one non-blocking cupy
 stream that is torch's current stream for the run (the drop-in takes torch's current stream).
@@ -32,12 +32,14 @@ import click
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_kernels import (finish, grid_options, parse_data, parse_int_list, parse_shape,  # noqa: E402
-                           record_header, time_device, write_json)
+from benchkit.options import grid_options, parse_data, parse_int_list, parse_shape  # noqa: E402
+from benchkit.provenance import record_header  # noqa: E402
+from benchkit.records import finish, write_json  # noqa: E402
+from benchkit.timing import time_device  # noqa: E402
 
 
 def _time(cp, stream, fn, window_s: float, windows: int) -> dict:
-    """bench_kernels' event-timed windows (:func:`bench_kernels.time_device`) of ``fn()`` on
+    """bench_kernels' event-timed windows (:func:`benchkit.timing.time_device`) of ``fn()`` on
     ``stream``, which is torch's current stream during the run."""
     _, rec = time_device(cp, stream, fn, window_s=window_s, windows=windows, max_call_s=float("inf"),
                          warmup_s=min(1.0, window_s))

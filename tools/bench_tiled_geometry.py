@@ -3,7 +3,7 @@
 For each (shape, data, M) both geometries of :data:`cpemu.cuda.kernels.TILED_VARIANTS` run the
 same GEMM (the profile's plan, e4m3 operands from :mod:`cpemu.cases`, unit scales, bf16
 output, fast accumulation), forced through ``gemm_cuda(..., tiled_module=...)``. Timing is
-``bench_kernels``' (:func:`bench_kernels.time_device`: warm-up, CUDA-event windows, median).
+``bench_kernels``' (:func:`benchkit.timing.time_device`: warm-up, CUDA-event windows, median).
 The full outputs of the two geometries must be equal bit for bit (exit 1 otherwise); the
 record also says which one ``tiled_module_for`` picks on this GPU.
 
@@ -22,8 +22,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_kernels import (finish, grid_options, parse_data, parse_int_list, parse_shape,  # noqa: E402
-                           record_header, time_device, write_json)
+from benchkit.launchers import direct_launcher  # noqa: E402
+from benchkit.options import grid_options, parse_data, parse_int_list, parse_shape  # noqa: E402
+from benchkit.provenance import record_header  # noqa: E402
+from benchkit.records import finish, write_json  # noqa: E402
+from benchkit.timing import time_device  # noqa: E402
 
 
 @click.command()
@@ -51,7 +54,6 @@ def main(shapes, m_list, data, profile, window_s, windows, seed, out_path):
     from cpemu.profile import get_profile
 
     prof = get_profile(profile)
-    mode = prof.mode("tensorwise")
     dev = cp.cuda.Device()
     sms = int(dev.attributes["MultiProcessorCount"])
     rec = {**record_header("tools/bench_tiled_geometry.py"),
@@ -73,10 +75,8 @@ def main(shapes, m_list, data, profile, window_s, windows, seed, out_path):
                      "picked": kernels.tiled_module_for(M, N, sms)}
                 sha = {}
                 for module in kernels.TILED_VARIANTS:
-                    def launch(module=module):
-                        return kernels.gemm_cuda("cuda-tiled", ad, btd, "e4m3", "e4m3", plan, prof.instruction,
-                                                 mode, one, one, None, "bfloat16", tiled_module=module)
-
+                    launch = direct_launcher("cuda-tiled", prof, plan, "bfloat16", (ad, btd, one, one),
+                                             tiled_module=module)
                     with stream:
                         out, t = time_device(cp, stream, launch, window_s=window_s, windows=windows,
                                              max_call_s=float("inf"), warmup_s=min(1.0, window_s))
