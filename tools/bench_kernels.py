@@ -90,11 +90,10 @@ from benchkit.kernels_record import explicit_command, new_record  # noqa: E402
 from benchkit.kernels_session import Bench, Settings  # noqa: E402
 from benchkit.kernels_setup import choose_kernels, choose_native, open_gpu, validate_cuda  # noqa: E402
 from benchkit.kernels_table import print_table  # noqa: E402
-from benchkit.options import parse_data, parse_int_list, parse_kernels, parse_shape  # noqa: E402
+from benchkit.options import DEFAULT_SHAPES, parse_data, parse_int_list, parse_kernels, parse_shape  # noqa: E402
 from cpemu.profile import get_profile  # noqa: E402
 
 DEFAULT_MS = "16,64,256,1024,2048,8192"
-DEFAULT_SHAPES = ("evo2-1b", "evo2-7b", "evo2-40b")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

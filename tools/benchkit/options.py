@@ -8,6 +8,8 @@ from cpemu.backends import LADDER
 from cpemu.cases import DATA_KINDS, EVO2_SHAPES
 
 DATA_ALIASES = {"adversarial": "spread"}
+#: The shapes a tool runs without --shape: the Evo 2 projections.
+DEFAULT_SHAPES = ("evo2-1b", "evo2-7b", "evo2-40b")
 
 
 def parse_shape(text: str) -> tuple[str, int, int]:
@@ -96,3 +98,14 @@ def grid_options(m_default: str):
         return f
 
     return apply
+
+
+def parse_grid(shapes, m_text: str, data_text: str, window_s: float, windows: int):
+    """The options of :func:`grid_options` (no --shape: :data:`DEFAULT_SHAPES`) and the window
+    options of the smaller tools, checked: (shapes, M list, data kinds)."""
+    shape_list = [parse_shape(s) for s in (shapes or DEFAULT_SHAPES)]
+    ms = parse_int_list(m_text, "--M")
+    data_list = parse_data(data_text)
+    if windows < 1 or window_s <= 0:
+        raise click.BadParameter("--windows >= 1 and --window-s > 0", param_hint="--windows")
+    return shape_list, ms, data_list

@@ -145,3 +145,12 @@ def time_host(launch, *, window_s: float, windows: int, max_call_s: float):
     rec["timing"] = "windows"
     rec["discarded_short_windows"] = short
     return out, rec
+
+
+def time_windows(cp, stream, launch, *, window_s: float, windows: int):
+    """:func:`time_device` without the single-call cap, with a warm-up of min(1 s, ``window_s``):
+    (first output, record without the wall-time span)."""
+    out, rec = time_device(cp, stream, launch, window_s=window_s, windows=windows, max_call_s=float("inf"),
+                           warmup_s=min(1.0, window_s))
+    rec.pop("span", None)
+    return out, rec
