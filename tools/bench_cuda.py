@@ -99,11 +99,11 @@ def main(out_path, shape, profile, families, windows, window_ms, check_rows, out
         "runs": [],
     }
     for fast in (True, False):
-        plan = prof.plan(M, N, K, fast)
+        plan = prof.plan(M, N, K, fast, "tensorwise", "e4m3", "e4m3", out_dtype)  # the plan direct_launcher uses
         want = reference_rows(a, bt, plan, model, mode, sa, sb, out_dtype, min(check_rows, M)) if check_rows else None
         outs = {}
         for fam in families.split(","):
-            launch = direct_launcher(fam, prof, plan, out_dtype, (ad, btd, sa, sb), defines=defines)
+            launch = direct_launcher(fam, prof, M, N, K, fast, out_dtype, (ad, btd, sa, sb), defines=defines)
             y = launch()
             ms, per, iters = time_windows(cp, launch, windows, window_ms)
             got = bits(y.get())

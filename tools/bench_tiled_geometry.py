@@ -45,7 +45,8 @@ def _point(rec, cp, stream, prof, sms, label, N, K, dlabel, kind, M, o):
          "picked": kernels.tiled_module_for(M, N, sms)}
     sha = {}
     for module in kernels.TILED_VARIANTS:
-        launch = direct_launcher("cuda-tiled", prof, plan, "bfloat16", (ad, btd, one, one), tiled_module=module)
+        launch = direct_launcher("cuda-tiled", prof, M, N, K, True, "bfloat16", (ad, btd, one, one),
+                                 tiled_module=module)
         with stream:
             out, t = time_windows(cp, stream, launch, window_s=o["window_s"], windows=o["windows"])
             host = out.get(stream=stream)

@@ -93,7 +93,8 @@ def _run_cuda(bench: Bench, pt, name: str, base: dict, ops, dev: dict):
 
     direct = has_direct(name)
     if direct:
-        launch = direct_launcher(name, prof, pt.plan, s.out_dtype, (a_dev, bt_dev, dev["sa"], dev["sb"]))
+        launch = direct_launcher(name, prof, pt.M, pt.N, pt.K, s.fast_accum, s.out_dtype,
+                                 (a_dev, bt_dev, dev["sa"], dev["sb"]))
         call = DIRECT_CALL
     else:
         launch, call = api_launch, "api: cpemu.gemm (no direct launcher for this backend)"

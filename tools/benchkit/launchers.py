@@ -21,16 +21,19 @@ def has_direct(name: str) -> bool:
     return name in kernels.DIRECT
 
 
-def direct_launcher(name: str, prof, plan, out_dtype: str, operands, *, defines=(), tiled_module=None):
+def direct_launcher(name: str, prof, M: int, N: int, K: int, fast_accum: bool, out_dtype: str, operands, *,
+                    defines=(), tiled_module=None):
     """A function ``launch()`` that runs backend ``name`` once and returns its device output.
 
-    ``operands``: (a (M, K), bt (N, K)) e4m3 codes on the device and the tensorwise scales
-    (scale_a, scale_b); no bias. ``prof``: the profile (its instruction model and tensorwise
-    mode); ``plan``: ``prof.plan(...)`` of the call. ``defines`` (macros to compile the kernel
+    The call: e4m3 x e4m3, (M, N, K), tensorwise scales, no bias, the profile's instruction
+    model, tensorwise mode and plan (``prof.plan(M, N, K, fast_accum, "tensorwise", "e4m3",
+    "e4m3", out_dtype)``, as cpemu.gemm computes it). ``operands``: (a (M, K), bt (N, K)) codes
+    on the device and the scales (scale_a, scale_b). ``defines`` (macros to compile the kernel
     from source with) and ``tiled_module`` (cuda-tiled's geometry) are for tuning tools only.
     The kernel runs on cupy's current stream; the call does not synchronize."""
     from cpemu.cuda import kernels
 
+    plan = prof.plan(M, N, K, fast_accum, "tensorwise", FMT, FMT, out_dtype)
     model, mode = prof.instruction, prof.mode("tensorwise")
     a, bt, sa, sb = operands
     extra = {}
