@@ -361,7 +361,7 @@ def test_time_device_windows_reach_the_window_length():
         time.sleep(0.0015)
 
     _, r = timing.time_device(cp, cp.cuda.Stream(), launch, window_s=0.03, windows=3, max_call_s=1.0,
-                             warmup_s=0.02)
+                              warmup_s=0.02)
     assert r["timing"] == "windows" and len(r["window_s"]) == 3 and all(w >= 0.03 for w in r["window_s"])
     assert r["ms"] == pytest.approx(FAKE_KERNEL_S * 1e3, rel=1e-9) and r["warmup"]["s"] >= 0.02
     assert len(calls) == 1 + sum(b[0] for b in r["warmup"]["batches_n_gpu_s_host_s"]) \

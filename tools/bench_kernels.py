@@ -72,6 +72,10 @@ requested backend (or an explicit ``--native``) that cannot run is printed and m
 status 1, after the JSON is written (2: bad options, or no CUDA backend available for the
 default ``--kernels``; 130: interrupted). The JSON is rewritten after every (shape, data, M),
 so an interrupted run leaves a valid partial record (``complete: false``).
+
+Code: this file is the command; the run's parts are the ``kernels_*`` modules of
+``tools/benchkit/``, beside the parts the other benchmark tools share (options, timing,
+clocks, exactness, records, and the one direct launcher of the CUDA kernels).
 """
 
 from __future__ import annotations
