@@ -32,6 +32,8 @@ def _tool():
 
 
 bench = _tool()
+sys.path.insert(0, str(ROOT / "tools"))  # the tool's own modules
+from benchkit import clocks, gpu, kernels_record, options, provenance, timing  # noqa: E402
 
 
 def _run(args, out):
@@ -41,12 +43,12 @@ def _run(args, out):
 
 
 def test_smoke_reference_cpu(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "find_nvidia_smi", lambda: None)
+    monkeypatch.setattr(clocks, "find_nvidia_smi", lambda: None)
     monkeypatch.setitem(sys.modules, "cupy", None)  # the reference path must not import cupy
     result, d = _run(SMOKE, tmp_path / "b.json")
     assert result.exit_code == 0, result.output
     assert d["complete"] is True and d["interrupted"] is False and d["failures"] == []
-    assert d["tool"] == "tools/bench_kernels.py" and d["tool_version"] == bench.TOOL_VERSION
+    assert d["tool"] == "tools/bench_kernels.py" and d["tool_version"] == kernels_record.TOOL_VERSION
     assert "--kernels reference" in d["command_line_explicit"] and "--no-native" in d["command_line_explicit"]
     assert d["kernels"] == ["reference"]
     assert d["device"] is None and d["clock"]["samples"] == [] and "nvidia-smi not found" in d["clock"]["note"]
@@ -72,7 +74,7 @@ def test_smoke_reference_cpu(tmp_path, monkeypatch):
 
 
 def test_corrupted_output_exits_1(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "find_nvidia_smi", lambda: None)
+    monkeypatch.setattr(clocks, "find_nvidia_smi", lambda: None)
     real = cpemu.gemm
 
     def corrupted(*args, **kw):
@@ -92,22 +94,22 @@ def test_corrupted_output_exits_1(tmp_path, monkeypatch):
 
 
 def test_parsing():
-    assert bench.parse_shape("evo2-40b") == ("evo2-40b", 24576, 8192)
-    assert bench.parse_shape("EVO2-1B") == ("evo2-1b", 5760, 1920)
-    assert bench.parse_shape("64x32") == ("64x32", 64, 32)
+    assert options.parse_shape("evo2-40b") == ("evo2-40b", 24576, 8192)
+    assert options.parse_shape("EVO2-1B") == ("evo2-1b", 5760, 1920)
+    assert options.parse_shape("64x32") == ("64x32", 64, 32)
     for bad in ("64x33", "64", "axb", "0x16"):
         with pytest.raises(click.BadParameter, match="NxK|multiples"):
-            bench.parse_shape(bad)
-    assert bench.parse_data("gauss40,adversarial") == [("gauss40", "gauss40"), ("adversarial", "spread")]
+            options.parse_shape(bad)
+    assert options.parse_data("gauss40,adversarial") == [("gauss40", "gauss40"), ("adversarial", "spread")]
     with pytest.raises(click.BadParameter, match="data kind"):
-        bench.parse_data("nonsense")
+        options.parse_data("nonsense")
     with pytest.raises(click.BadParameter, match="LADDER"):
-        bench.parse_kernels("cuda-tiled,cuda-fast")
-    assert bench.parse_int_list("16, 64", "--M") == [16, 64]
+        options.parse_kernels("cuda-tiled,cuda-fast")
+    assert options.parse_int_list("16, 64", "--M") == [16, 64]
 
 
 def test_cli_errors(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "find_nvidia_smi", lambda: None)
+    monkeypatch.setattr(clocks, "find_nvidia_smi", lambda: None)
     r = CliRunner().invoke(bench.main, ["--kernels", "nonsense", "--out", str(tmp_path / "x.json")])
     assert r.exit_code == 2 and "LADDER" in r.output
     r = CliRunner().invoke(bench.main, SMOKE + ["--profile", "no-such-profile", "--out", str(tmp_path / "x.json")])
@@ -115,7 +117,7 @@ def test_cli_errors(tmp_path, monkeypatch):
 
 
 def test_reference_cap_and_unsupported_shape(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "find_nvidia_smi", lambda: None)
+    monkeypatch.setattr(clocks, "find_nvidia_smi", lambda: None)
     args = ["--kernels", "reference", "--shape", "64x32", "--shape", "16x16384", "--M", "16", "--data", "gauss40",
             "--window-s", "0.01", "--windows", "1", "--no-native", "--reference-max-macs", "1e3"]
     result, d = _run(args, tmp_path / "b.json")
@@ -272,7 +274,7 @@ def fake_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(kernels, "gemm_cuda", _fake_gemm_cuda())
     monkeypatch.setattr(kernels, "launch", _fake_launch())
     smi = _fake_nvidia_smi(tmp_path)
-    monkeypatch.setattr(bench, "find_nvidia_smi", lambda: smi)
+    monkeypatch.setattr(clocks, "find_nvidia_smi", lambda: smi)
     return kernels
 
 
@@ -328,7 +330,7 @@ def test_native_path_with_cpu_torch(tmp_path, fake_gpu, monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake")
-    monkeypatch.setattr(bench, "torch_device", lambda t, i: t.device("cpu"))
+    monkeypatch.setattr(gpu, "torch_device", lambda t, i: t.device("cpu"))
     scaled_mm = torch._scaled_mm
 
     def timed_scaled_mm(*a, **k):
@@ -350,7 +352,7 @@ def test_native_path_with_cpu_torch(tmp_path, fake_gpu, monkeypatch):
 
 
 def test_clock_summary():
-    s = bench.ClockSampler("nvidia-smi", None)
+    s = clocks.ClockSampler("nvidia-smi", None)
     s.samples = [[10.0, 1500.0, 100.0, 40.0], [10.5, 1980.0, 300.0, 50.0], [11.0, 1970.0, None, 51.0],
                  [20.0, 1000.0, 90.0, 30.0]]
     c = s.summary(10.2, 11.2)
@@ -359,8 +361,8 @@ def test_clock_summary():
     c = s.summary(19.5, 19.6)
     assert c["samples"] == 1 and c["nearest_only"] is True and c["sm_mhz_median"] == 1000.0
     assert s.summary(30.0, 31.0) is None
-    assert bench._pci_key("00000000:1B:00.0") == bench._pci_key("0000:1b:00.0")
-    assert bench._num("[N/A]") is None and bench._num(" 1980 ") == 1980.0
+    assert clocks._pci_key("00000000:1B:00.0") == clocks._pci_key("0000:1b:00.0")
+    assert clocks._num("[N/A]") is None and clocks._num(" 1980 ") == 1980.0
 
 
 def test_time_device_windows_reach_the_window_length():
@@ -372,8 +374,8 @@ def test_time_device_windows_reach_the_window_length():
         GpuClock.advance(FAKE_KERNEL_S)
         time.sleep(0.0015)
 
-    _, r = bench.time_device(cp, cp.cuda.Stream(), launch, window_s=0.03, windows=3, max_call_s=1.0,
-                             warmup_s=0.02)
+    _, r = timing.time_device(cp, cp.cuda.Stream(), launch, window_s=0.03, windows=3, max_call_s=1.0,
+                              warmup_s=0.02)
     assert r["timing"] == "windows" and len(r["window_s"]) == 3 and all(w >= 0.03 for w in r["window_s"])
     assert r["ms"] == pytest.approx(FAKE_KERNEL_S * 1e3, rel=1e-9) and r["warmup"]["s"] >= 0.02
     assert len(calls) == 1 + sum(b[0] for b in r["warmup"]["batches_n_gpu_s_host_s"]) \
@@ -392,7 +394,7 @@ def test_default_kernels_unavailable_and_api_only_backends(tmp_path, fake_gpu, m
     # backend that cannot run is recorded and fails the run
     ladder = ("cuda-future",) + backends.LADDER
     monkeypatch.setattr(backends, "LADDER", ladder)
-    monkeypatch.setattr(bench, "LADDER", ladder)
+    monkeypatch.setattr(options, "LADDER", ladder)
     monkeypatch.setitem(backends._available, "cuda-future", (True, "fake"))
     from cpemu.backends.cuda_kernels import CudaKernel
 
@@ -415,7 +417,7 @@ def test_explicit_native_without_cuda_fails(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("torch has CUDA here")
-    monkeypatch.setattr(bench, "find_nvidia_smi", lambda: None)
+    monkeypatch.setattr(clocks, "find_nvidia_smi", lambda: None)
     args = [a for a in SMOKE if a != "--no-native"] + ["--native", "--data", "gauss40"]
     result, d = _run(args, tmp_path / "b.json")
     assert result.exit_code == 1
@@ -430,14 +432,14 @@ def test_code_fingerprint_follows_the_code(tmp_path):
                       ("bin/k.fatbin", b"\x00\x01"), ("bin/manifest.json", b"{}"), ("README.md", b"r")):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(data)
-    first = bench.code_fingerprint(str(tmp_path))
+    first = provenance.code_fingerprint(str(tmp_path))
     assert first["files"] == 5 and len(first["sha256"]) == 64
-    assert bench.code_fingerprint(str(tmp_path)) == first
+    assert provenance.code_fingerprint(str(tmp_path)) == first
     (tmp_path / "README.md").write_bytes(b"other")
-    assert bench.code_fingerprint(str(tmp_path)) == first
+    assert provenance.code_fingerprint(str(tmp_path)) == first
     (tmp_path / "bin" / "k.fatbin").write_bytes(b"\x00\x02")
-    second = bench.code_fingerprint(str(tmp_path))
+    second = provenance.code_fingerprint(str(tmp_path))
     assert second["sha256"] != first["sha256"]
     (tmp_path / "cpemu" / "cuda" / "k.py").rename(tmp_path / "cpemu" / "cuda" / "j.py")  # same bytes, new name
-    assert bench.code_fingerprint(str(tmp_path))["sha256"] != second["sha256"]
-    assert bench.code_fingerprint()["files"] > 20  # the checkout's own
+    assert provenance.code_fingerprint(str(tmp_path))["sha256"] != second["sha256"]
+    assert provenance.code_fingerprint()["files"] > 20  # the checkout's own

@@ -28,23 +28,11 @@ import click
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from cpemu import reference as ref  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchkit.exactness import bits, reference_rows  # noqa: E402
+from benchkit.launchers import direct_launcher  # noqa: E402
 from cpemu.cases import Case, operands, sha256_arrays  # noqa: E402
-from cpemu.formats import FP8_FORMATS, OUT_DTYPES, encode_output  # noqa: E402
 from cpemu.profile import get_profile  # noqa: E402
-
-
-def reference_rows(a, bt, plan, model, mode, sa, sb, out_dtype, rows):
-    """The reference's output bits for the first ``rows`` rows (the plan of the full shape)."""
-    a_ops = ref.decode(a[:rows], FP8_FORMATS["e4m3"])
-    b_ops = ref.decode(bt, FP8_FORMATS["e4m3"])
-    N = bt.shape[0]
-    out = np.empty((rows, N), dtype=OUT_DTYPES[out_dtype])
-    for rb, cb in ref.blocks(rows, N, model.L):
-        acc = ref.accumulate(a_ops.rows(rb), b_ops.rows(cb), plan, model)
-        y = ref.epilogue(acc, sa, sb, None, mode["epilogue"])
-        out[rb, cb] = encode_output(y, out_dtype, mode.get("nan_bits", {}).get(out_dtype))
-    return out.view(np.uint16 if out.dtype.itemsize == 2 else np.uint32)
 
 
 def time_windows(cp, launch, windows: int, window_ms: float):
@@ -111,19 +99,14 @@ def main(out_path, shape, profile, families, windows, window_ms, check_rows, out
         "runs": [],
     }
     for fast in (True, False):
-        plan = prof.plan(M, N, K, fast)
+        plan = prof.plan(M, N, K, fast, "tensorwise", "e4m3", "e4m3", out_dtype)  # the plan direct_launcher uses
         want = reference_rows(a, bt, plan, model, mode, sa, sb, out_dtype, min(check_rows, M)) if check_rows else None
         outs = {}
         for fam in families.split(","):
-
-            def launch(f=fam, p=plan):
-                return kernels.gemm_cuda(f, ad, btd, "e4m3", "e4m3", p, model, mode, sa, sb, None, out_dtype,
-                                         defines=tuple(defines))
-
+            launch = direct_launcher(fam, prof, M, N, K, fast, out_dtype, (ad, btd, sa, sb), defines=defines)
             y = launch()
             ms, per, iters = time_windows(cp, launch, windows, window_ms)
-            got = y.get()
-            got = got.view(np.uint32) if got.dtype == np.float32 else got
+            got = bits(y.get())
             outs[fam] = got
             run = {"family": fam, "fast_accum": fast, "splits": plan.splits, "promotion": plan.promotion,
                    "ms": ms, "windows_ms": per, "launches_per_window": iters, "mac_per_s": M * N * K / (ms / 1e3),

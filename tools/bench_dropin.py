@@ -5,7 +5,7 @@ as torch's, the profile's plan, the backend ``--backend`` picks, the result as a
 against the native call on the same operands, in one run. Per (shape, M): both calls warm up,
 then ``--windows`` windows of back-to-back calls, each at least ``--window-s`` long, are timed
 with CUDA events on torch's current stream; the median window gives ms per call, TMAC/s and the
-ratio emulated / native. The method is ``bench_kernels``' (:func:`bench_kernels.time_device`):
+ratio emulated / native. The method is ``bench_kernels``' (:func:`benchkit.timing.time_windows`):
 warm-up batches, windows shorter than ``--window-s`` discarded, the host time per call from a
 warm-up batch too short to fill the driver's queue. Both calls run on one non-blocking cupy
 stream that is torch's current stream for the run (the drop-in takes torch's current stream).
@@ -32,17 +32,16 @@ import click
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_kernels import (finish, grid_options, parse_data, parse_int_list, parse_shape,  # noqa: E402
-                           record_header, time_device, write_json)
+from benchkit.options import grid_options, parse_grid  # noqa: E402
+from benchkit.provenance import record_header  # noqa: E402
+from benchkit.records import finish, write_json  # noqa: E402
+from benchkit.timing import time_windows  # noqa: E402
 
 
 def _time(cp, stream, fn, window_s: float, windows: int) -> dict:
-    """bench_kernels' event-timed windows (:func:`bench_kernels.time_device`) of ``fn()`` on
+    """bench_kernels' event-timed windows (:func:`benchkit.timing.time_windows`) of ``fn()`` on
     ``stream``, which is torch's current stream during the run."""
-    _, rec = time_device(cp, stream, fn, window_s=window_s, windows=windows, max_call_s=float("inf"),
-                         warmup_s=min(1.0, window_s))
-    rec.pop("span", None)
-    return rec
+    return time_windows(cp, stream, fn, window_s=window_s, windows=windows)[1]
 
 
 def _point(rec, cp, stream, one, label, N, K, dlabel, kind, M, o):
@@ -98,11 +97,7 @@ def _point(rec, cp, stream, one, label, N, K, dlabel, kind, M, o):
 @click.option("--out", "out_path", default="bench_dropin.json", show_default=True)
 def main(shapes, m_list, data, profile, backend, must_match, window_s, windows, seed, out_path):
     """Time cpemu.torch.scaled_mm against torch._scaled_mm on CUDA tensors (writes JSON)."""
-    shape_list = [parse_shape(s) for s in (shapes or ("evo2-1b", "evo2-7b", "evo2-40b"))]
-    ms_ = parse_int_list(m_list, "--M")
-    data_list = parse_data(data)
-    if windows < 1 or window_s <= 0:
-        raise click.BadParameter("--windows >= 1 and --window-s > 0", param_hint="--windows")
+    shape_list, ms_, data_list = parse_grid(shapes, m_list, data, window_s, windows)
     import torch
 
     if not torch.cuda.is_available():

@@ -124,72 +124,85 @@ def thread_info(torch) -> dict:
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON.")
 def main(shapes, models, repeats, mmasim_max_seconds, torch_threads, no_mmasim, out_path):
     """Time cpemu's reference backend and MMA-Sim on the same GEMMs; check equal bits."""
-    torch = None
-    if not no_mmasim:
-        try:
-            import torch  # noqa: F811
-
-            importlib.import_module("mmasim")
-            mmasim_version = importlib.metadata.version("mmasim")
-        except ImportError as e:
-            click.echo(f"MMA-Sim not available ({e}); timing cpemu only", err=True)
-            torch, no_mmasim = None, True
+    torch, mmasim_version = (None, None) if no_mmasim else _mmasim()
     if torch is not None and torch_threads:
         torch.set_num_threads(torch_threads)
     env = {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
            "processor": platform.processor() or None, "numpy": np.__version__, "ml_dtypes": ml_dtypes.__version__,
-           "torch": torch.__version__ if torch else None, "mmasim": None if no_mmasim else mmasim_version,
-           **thread_info(torch)}
+           "torch": torch.__version__ if torch else None, "mmasim": mmasim_version, **thread_info(torch)}
     t_start = time.perf_counter()
-
-    # warm-up: first calls pay one-time costs (torch kernels, numpy tables)
-    for key in models:
-        a, bt, *_ = operands(Case(16, 16, 64, data="gauss40"))
-        gemm(a.view(ml_dtypes.float8_e4m3fn), bt.view(ml_dtypes.float8_e4m3fn).T, profile=bench_profile(key),
-             out_dtype="float32")
-        if not no_mmasim:
-            f8 = torch.float8_e4m3fn
-            simulator(key)(torch.from_numpy(a).view(f8), torch.from_numpy(bt).view(f8).T, torch.zeros(16, 16))
-
+    _warm_up(models, torch)
     rows = []
     rate = {}  # MMA-Sim MAC/s so far, per model (for the skip prediction)
     for s in shapes:
         M, N, K = parse_shape(s)
         a, bt, *_ = operands(Case(M, N, K, data="gauss40", seed=0))
-        A, B = a.view(ml_dtypes.float8_e4m3fn), bt.view(ml_dtypes.float8_e4m3fn).T
-        macs = M * N * K
         for key in models:
-            prof = bench_profile(key)
-            model = MODELS[key][0]
-            y, t_c = _timed(lambda: gemm(A, B, profile=prof, out_dtype="float32", fast_accum=True,
-                                         backend="reference"), repeats)
-            row = {"shape": [M, N, K], "model": key, "L": model.L, "F": model.F, "macs": macs,
-                   "cpemu": {"seconds": t_c, "median_s": statistics.median(t_c),
-                             "mac_per_s": macs / statistics.median(t_c)}}
-            if no_mmasim:
-                row["mmasim"] = {"skipped": "not run"}
-            elif key in rate and repeats * macs / rate[key] > mmasim_max_seconds:
-                row["mmasim"] = {"skipped": f"predicted {repeats * macs / rate[key]:.0f} s for {repeats} runs "
-                                            f"> --mmasim-max-seconds {mmasim_max_seconds:g}"}
-            else:
-                sim = simulator(key)
-                f8 = torch.float8_e4m3fn
-                At, Bt = torch.from_numpy(a).view(f8), torch.from_numpy(bt).view(f8).T
-                zero = torch.zeros(M, N, dtype=torch.float32)
-                ym, t_m = _timed(lambda: sim(At, Bt, zero), repeats)
-                med = statistics.median(t_m)
-                rate[key] = max(rate.get(key, 0.0), macs / med)
-                theirs = ym.contiguous().view(torch.int32).numpy().view(np.uint32)
-                ours = y.view(np.uint32)
-                diff = int(np.count_nonzero(ours != theirs))
-                row["mmasim"] = {"seconds": t_m, "median_s": med, "mac_per_s": macs / med,
-                                 "simulator": f"mmasim.nv_ptx.{MODELS[key][1]}{MODELS[key][2]!r}"}
-                row["identical_bits"] = diff == 0
-                row["differing_outputs"] = diff
-                row["speedup_cpemu_over_mmasim"] = med / row["cpemu"]["median_s"]
+            row = _row(key, a, bt, repeats, torch, rate, mmasim_max_seconds)
             rows.append(row)
             _print_row(row)
-    total = time.perf_counter() - t_start
+    _finish(rows, repeats, env, time.perf_counter() - t_start, out_path)
+
+
+def _mmasim():
+    """(torch, MMA-Sim's version), or (None, None) when either is not importable."""
+    try:
+        import torch
+
+        importlib.import_module("mmasim")
+        return torch, importlib.metadata.version("mmasim")
+    except ImportError as e:
+        click.echo(f"MMA-Sim not available ({e}); timing cpemu only", err=True)
+        return None, None
+
+
+def _warm_up(models, torch) -> None:
+    """First calls pay one-time costs (torch kernels, numpy tables): one small call of each side."""
+    for key in models:
+        a, bt, *_ = operands(Case(16, 16, 64, data="gauss40"))
+        gemm(a.view(ml_dtypes.float8_e4m3fn), bt.view(ml_dtypes.float8_e4m3fn).T, profile=bench_profile(key),
+             out_dtype="float32")
+        if torch is not None:
+            f8 = torch.float8_e4m3fn
+            simulator(key)(torch.from_numpy(a).view(f8), torch.from_numpy(bt).view(f8).T, torch.zeros(16, 16))
+
+
+def _row(key: str, a, bt, repeats: int, torch, rate: dict, mmasim_max_seconds: float) -> dict:
+    """cpemu timed on one shape and model, then MMA-Sim (None: not run), unless its predicted
+    time (from ``rate``, its best MAC/s so far per model, updated here) is too long."""
+    (M, K), N = a.shape, bt.shape[0]
+    A, B = a.view(ml_dtypes.float8_e4m3fn), bt.view(ml_dtypes.float8_e4m3fn).T
+    macs = M * N * K
+    prof, model = bench_profile(key), MODELS[key][0]
+    y, t_c = _timed(lambda: gemm(A, B, profile=prof, out_dtype="float32", fast_accum=True, backend="reference"),
+                    repeats)
+    row = {"shape": [M, N, K], "model": key, "L": model.L, "F": model.F, "macs": macs,
+           "cpemu": {"seconds": t_c, "median_s": statistics.median(t_c), "mac_per_s": macs / statistics.median(t_c)}}
+    if torch is None:
+        row["mmasim"] = {"skipped": "not run"}
+    elif key in rate and repeats * macs / rate[key] > mmasim_max_seconds:
+        row["mmasim"] = {"skipped": f"predicted {repeats * macs / rate[key]:.0f} s for {repeats} runs "
+                                    f"> --mmasim-max-seconds {mmasim_max_seconds:g}"}
+    else:
+        sim = simulator(key)
+        f8 = torch.float8_e4m3fn
+        At, Bt = torch.from_numpy(a).view(f8), torch.from_numpy(bt).view(f8).T
+        zero = torch.zeros(M, N, dtype=torch.float32)
+        ym, t_m = _timed(lambda: sim(At, Bt, zero), repeats)
+        med = statistics.median(t_m)
+        rate[key] = max(rate.get(key, 0.0), macs / med)
+        theirs = ym.contiguous().view(torch.int32).numpy().view(np.uint32)
+        diff = int(np.count_nonzero(y.view(np.uint32) != theirs))
+        row["mmasim"] = {"seconds": t_m, "median_s": med, "mac_per_s": macs / med,
+                         "simulator": f"mmasim.nv_ptx.{MODELS[key][1]}{MODELS[key][2]!r}"}
+        row["identical_bits"] = diff == 0
+        row["differing_outputs"] = diff
+        row["speedup_cpemu_over_mmasim"] = med / row["cpemu"]["median_s"]
+    return row
+
+
+def _finish(rows: list, repeats: int, env: dict, total: float, out_path: str | None) -> None:
+    """The verdict line, the JSON (with --out), and exit 1 when a compared pair differs."""
     compared = [r for r in rows if "identical_bits" in r]
     result = {"tool": "tools/bench_reference.py",
               "work": "out = A @ B, e4m3 x e4m3 gauss40 operands, one fast-accumulation T-FDPA chain over K per "
