@@ -91,6 +91,7 @@ def _cuda_status() -> dict:
                 "index": i,
                 "name": name.decode(errors="replace") if isinstance(name, bytes) else str(name),
                 "compute_capability": f"{p.get('major', '?')}.{p.get('minor', '?')}",
+                "sm_count": p.get("multiProcessorCount"),
                 "memory_gib": round(p.get("totalGlobalMem", 0) / 2 ** 30, 1),
             })
         if n == 0:
@@ -180,13 +181,38 @@ def info(as_json):
     cuda = _cuda_status()
     report = {"cpemu": _version(), "default_profile": DEFAULT_PROFILE, "profiles": profs,
               "invalid_profiles": bad, "backends": _backends(cuda),
-              "devices": {"cpu": _cpu_info(), "cuda": cuda["devices"]}}
+              "devices": {"cpu": _cpu_info(), "cuda": cuda["devices"]},
+              "device_match": _device_match(cuda, [p["name"] for p in profs])}
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:
         _print_info(report, cuda)
     if bad:
         sys.exit(1)
+
+
+def _device_match(cuda: dict, names: list[str]) -> dict:
+    """What this machine is (GPU 0, cuBLASLt, torch) and, per shipped profile, whether it matches."""
+    from . import devicematch
+
+    found = devicematch.detect(cuda)
+    return {"detected": found,
+            "profiles": {n: devicematch.match(get_profile(n).data, found) for n in names}}
+
+
+def _print_device_match(dm: dict):
+    from .devicematch import cublaslt_text, verdict_text
+
+    echo, found = click.echo, dm["detected"]
+    gpu = found["gpu"]
+    echo("This device (a profile gives its GPU's own bits where it matches):")
+    echo(f"  GPU:      {gpu['name']}, {gpu['sm_count'] or '?'} SMs (found by {found['found_by']})" if gpu else
+         f"  GPU:      no GPU found ({found['no_gpu_reason']})")
+    echo("  cuBLASLt: " + (f"{cublaslt_text(found['cublaslt'])}, {found['cublaslt_source']}"
+                            if found["cublaslt"] is not None else f"not found ({found['cublaslt_source']})"))
+    echo(f"  torch:    {found['torch'] or 'not installed'}")
+    for name, m in dm["profiles"].items():
+        echo(f"  {name}: {verdict_text(m)}")
 
 
 def _version() -> str:
@@ -236,6 +262,8 @@ def _print_info(r: dict, cuda: dict):
             echo(f"  cuda:{d['index']}: {d['name']} (sm {d['compute_capability']}, {d['memory_gib']} GiB)")
     else:
         echo(f"  cuda: none ({cuda['reason'] or 'no device'})")
+    echo("")
+    _print_device_match(r["device_match"])
 
 
 # --------------------------------------------------------------------------- gemm
