@@ -214,7 +214,8 @@ def test_errors_refusals_and_skips(tmp_path):
     assert e["backends"]["cuda-simple"]["status"] == "refused"
     assert e["backends"]["cuda-simple"]["error"]["type"] == "UnsupportedShape"
     assert e["backends"]["reference"]["status"] == "skipped"
-    assert code == 1 and rec["failures"] == sum(x["native"]["status"] == "answered" for x in rec["calls"])
+    assert code == 1 and rec["failures"] == len(rec["calls"]) == 6  # an error counts where native refused too
+    assert all(x["backends"]["cuda-tiled"]["status"] == "error" for x in rec["calls"])
 
 
 def test_max_seconds_stops_the_draw(tmp_path):
@@ -237,3 +238,23 @@ def test_command_needs_a_gpu():
 
     r = CliRunner().invoke(lp.main, ["--calls", "1"])
     assert r.exit_code == 1 and "needs a CUDA GPU visible to torch" in r.output
+
+
+def test_command_dry_run_on_the_cpu(tmp_path):
+    """The whole command with torch's CPU kernel as the native (its bits are not the H200's)."""
+    pytest.importorskip("torch")
+    from click.testing import CliRunner
+
+    out = tmp_path / "rec.json"
+    args = ["--device", "cpu", "--calls", "8", "--seed", "2", "--backends", "reference,torch", "--max-mac", "32768",
+            "--out", str(out)]
+    r = CliRunner().invoke(lp.main, args)
+    rec = json.loads(out.read_text())
+    assert r.exit_code == (1 if rec["failures"] else 0), r.output
+    assert rec["calls_run"] == 8 and rec["complete"] and rec["options"]["backends"] == ["reference", "torch"]
+    env = rec["environment"]
+    assert env["torch"] and env["cpemu_commit"] and env["profile_match"]["verdict"] == "differs"
+    assert [e["signature"] for e in rec["calls"]] == _sigs(8, seed=2, model_share=0.5, outside_share=0.05)
+    assert "8 calls in" in r.output
+    r = CliRunner().invoke(lp.main, args[:-2] + ["--only", "3,5", "--out", str(out)])
+    assert [e["signature"]["index"] for e in json.loads(out.read_text())["calls"]] == [3, 5]

@@ -12,7 +12,7 @@ and per backend one status:
 * ``refused``: cpemu raised one of its refusals (a ``ValueError``: ``UnsupportedShape``,
   ``ProfileFeatureError``, ...; for the drop-in also the ``RuntimeError``/``TypeError`` it
   raises where torch would): the type and message;
-* ``error``: any other exception (a failure);
+* ``error``: any other exception (a failure, also where native refused);
 * ``both-refused``: native refused and cpemu refused too (for the drop-in, ``same_error``
   says whether type and message equal torch's);
 * ``answered-refused``: native refused but cpemu answered (a failure);
@@ -289,12 +289,14 @@ def classify(name: str, native: dict, want, run) -> dict:
     except Exception as e:  # noqa: BLE001 - every outcome is recorded
         out = {"seconds": time.perf_counter() - t0, "error": _err(e)}
         refusal = isinstance(e, ValueError) or (name == DROPIN and isinstance(e, (RuntimeError, TypeError)))
-        if native["status"] == "refused":
+        if not refusal:
+            out["status"] = "error"
+        elif native["status"] == "refused":
             out["status"] = "both-refused"
             if name == DROPIN:
                 out["same_error"] = out["error"] == native["error"]
         else:
-            out["status"] = "refused" if refusal else "error"
+            out["status"] = "refused"
         return out
     out = {"seconds": time.perf_counter() - t0}
     if native["status"] == "refused":
@@ -485,7 +487,7 @@ def environment(profile) -> dict:
             "profile_match": devicematch.match(profile.data, found)}
 
 
-def _backends(spec: str, profile) -> tuple[dict, list]:
+def _backends(spec: str, profile, device: str = "cuda") -> tuple[dict, list]:
     """The runners named by --backends ("all": every available backend and the drop-in)."""
     from cpemu.backends import LADDER, status
 
@@ -495,7 +497,7 @@ def _backends(spec: str, profile) -> tuple[dict, list]:
         if n not in LADDER + (DROPIN,):
             raise click.BadParameter(f"unknown backend {n!r}; known: {', '.join(LADDER + (DROPIN,))}, all",
                                      param_hint="--backends")
-    runners = {n: dropin_runner(profile) if n == DROPIN else gemm_runner(profile, n) for n in names}
+    runners = {n: dropin_runner(profile, device) if n == DROPIN else gemm_runner(profile, n) for n in names}
     return runners, st
 
 
@@ -513,29 +515,40 @@ def _backends(spec: str, profile) -> tuple[dict, list]:
 @click.option("--max-mac", default=2 ** 40, show_default=True, help="Largest M*N*K drawn.")
 @click.option("--reference-max-mac", default=2 ** 29, show_default=True,
               help="Largest M*N*K run on the reference backend (the CPU).")
+@click.option("--device", default="cuda", show_default=True,
+              help="torch device of the native calls and the drop-in ('cpu' runs torch's CPU kernel: a dry run).")
+@click.option("--only", default=None,
+              help="Comma-separated call indices: run only these of the draw (same seed and options re-run them).")
 def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share, outside_share, max_mac,
-         reference_max_mac):
+         reference_max_mac, device, only):
     """Native torch._scaled_mm against cpemu on fresh random calls; exit 1 on any failure."""
     import torch
 
-    if not torch.cuda.is_available():
+    if device.startswith("cuda") and not torch.cuda.is_available():
         raise click.ClickException("live parity needs a CUDA GPU visible to torch (torch.cuda.is_available() "
                                    "is False)")
     profile = cpemu.get_profile(profile_name)
-    runners, st = _backends(backend_spec, profile)
+    runners, st = _backends(backend_spec, profile, device)
     header = {"tool": TOOL, "version": VERSION, "command": sys.argv, "profile": profile.name,
               "options": {"calls": calls, "seed": seed, "backends": list(runners), "max_seconds": max_seconds,
                           "model_share": model_share, "outside_share": outside_share, "max_mac": max_mac,
-                          "reference_max_mac": reference_max_mac},
+                          "reference_max_mac": reference_max_mac, "device": device, "only": only},
               "backend_status": st}
     sigs = draw_calls(profile, calls, seed, model_share=model_share, outside_share=outside_share, max_mac=max_mac)
-    one = torch.ones((), device="cuda")  # torch loads its cuBLASLt: the environment names that library
-    torch._scaled_mm(torch.zeros(16, 32, device="cuda").to(torch.float8_e4m3fn),
-                     torch.zeros(16, 32, device="cuda").to(torch.float8_e4m3fn).t(), one, one,
+    total = calls
+    if only:
+        try:
+            keep = {int(i) for i in only.split(",")}
+        except ValueError:
+            raise click.BadParameter(f"must be comma-separated call indices, got {only!r}", param_hint="--only")
+        sigs, total = (s for s in sigs if s["index"] in keep), len([i for i in keep if 0 <= i < calls])
+    one = torch.ones((), device=device)  # torch loads its cuBLASLt: the environment names that library
+    torch._scaled_mm(torch.zeros(16, 32, device=device).to(torch.float8_e4m3fn),
+                     torch.zeros(16, 32, device=device).to(torch.float8_e4m3fn).t(), one, one,
                      out_dtype=torch.bfloat16)
     header["environment"] = environment(profile)
-    rec, code = run_parity(sigs, native_runner(), runners, header=header, out=out, max_seconds=max_seconds,
-                           reference_max_mac=reference_max_mac, total=calls,
+    rec, code = run_parity(sigs, native_runner(device), runners, header=header, out=out, max_seconds=max_seconds,
+                           reference_max_mac=reference_max_mac, total=total,
                            echo=lambda m: click.echo(m, err=True))
     for reg, r in rec["totals"].items():
         click.echo(f"{reg}: {r['calls']} calls; native {r['native']}; "
