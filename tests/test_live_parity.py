@@ -258,3 +258,11 @@ def test_command_dry_run_on_the_cpu(tmp_path):
     assert "8 calls in" in r.output
     r = CliRunner().invoke(lp.main, args[:-2] + ["--only", "3,5", "--out", str(out)])
     assert [e["signature"]["index"] for e in json.loads(out.read_text())["calls"]] == [3, 5]
+
+
+def test_split_share_draws_inside_the_split_region():
+    sigs = _sigs(60, model_share=0.0, split_share=1.0, outside_share=0.0, max_mac=2 ** 40)
+    assert all(s["split_region"] == (s["scaling"] == "tensorwise") for s in sigs)
+    assert any(s["split_region"] for s in sigs)
+    plain = _sigs(60, model_share=0.0, split_share=0.0, outside_share=0.0, max_mac=2 ** 40)
+    assert sum(s["split_region"] for s in plain) < sum(s["split_region"] for s in sigs)

@@ -1,7 +1,8 @@
 """Live parity: fresh random calls, native ``torch._scaled_mm`` against cpemu on every backend, bit for bit.
 
 On a machine with a GPU and torch, each call is drawn at random (seeded) over the profile's
-domain, run natively, then through ``cpemu.gemm(..., backend=<name>)`` for each backend on
+domain (``--model-share`` of them linear layers of public models, ``--split-share`` inside the
+split region, ``--outside-share`` with a feature the profile does not record), run natively, then through ``cpemu.gemm(..., backend=<name>)`` for each backend on
 the same FP8 codes and through the torch drop-in ``cpemu.torch.scaled_mm`` (backend
 ``torch``). Outputs are compared as integer bit patterns. The JSON record holds, per call,
 the signature, native's answer (the sha256 of its output bits, or the exception it raised)
@@ -55,7 +56,6 @@ DROPIN = "torch"  # the backend name of cpemu.torch.scaled_mm in the record
 FAILURES = ("mismatched", "error", "answered-refused")
 STATUSES = ("matched", "mismatched", "refused", "error", "both-refused", "answered-refused", "skipped")
 FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
-OUT_BITS = {"bfloat16": np.uint16, "float16": np.uint16, "float32": np.uint32}
 DEFAULT_DOMAIN = {"M": [1, 16384], "N": [16, 16384], "K": [16, 16384]}
 
 # Token counts of decode and prefill, and the (N, K) of the linear layers of public models:
@@ -167,13 +167,24 @@ def _outside(rng, profile, sig: dict) -> str | None:
     return what
 
 
-def draw_call(rng, profile, index: int, *, model_share: float = 0.5, outside_share: float = 0.05,
-              max_mac: int = 2 ** 40) -> dict:
+def _split_shape(rng, profile, scaling: str, dom: dict, max_mac: int):
+    """A random shape inside the split region (None after 1000 tries, or where the mode never splits)."""
+    for _ in range(1000 if split_region(profile, scaling, 1, 16, dom.get("K", DEFAULT_DOMAIN["K"])[1]) else 0):
+        shape = _random_shape(rng, dom, max_mac)
+        if split_region(profile, scaling, *shape[:3]):
+            return shape
+    return None
+
+
+def draw_call(rng, profile, index: int, *, model_share: float = 0.5, split_share: float = 0.15,
+              outside_share: float = 0.05, max_mac: int = 2 ** 40) -> dict:
     """One call's signature, JSON-ready; its operands come from ``signature["seed"]``."""
     modes = sorted(profile.data["modes"], key=lambda m: m != "tensorwise")  # tensorwise first
     scaling = modes[0] if len(modes) == 1 or rng.random() < 0.65 else modes[1 + rng.integers(len(modes) - 1)]
     dom = _domain(profile, scaling)
-    shape = _model_shape(rng, dom, max_mac) if rng.random() < model_share else None
+    u = rng.random()
+    shape = _model_shape(rng, dom, max_mac) if u < model_share else \
+        _split_shape(rng, profile, scaling, dom, max_mac) if u < model_share + split_share else None
     M, N, K, source = shape or _random_shape(rng, dom, max_mac)
     mode = profile.data["modes"][scaling]
     a_format, b_format = profile.data["formats"][rng.integers(len(profile.data["formats"]))]
@@ -182,7 +193,7 @@ def draw_call(rng, profile, index: int, *, model_share: float = 0.5, outside_sha
     sig = {"index": index, "M": M, "N": N, "K": K, "source": source, "a_format": a_format, "b_format": b_format,
            "out_dtype": out_dtype, "scaling": scaling, "scales": _scales(rng, scaling), "bias": bias,
            "fast_accum": bool(rng.random() < 0.5),
-           "data": ["codes", "gauss", "gauss", "nan"][rng.choice(4, p=[0.3, 0.3, 0.35, 0.05])],
+           "data": ("codes", "gauss", "nan")[rng.choice(3, p=[0.3, 0.65, 0.05])],
            "seed": int(rng.integers(2 ** 63))}
     sig["outside"] = _outside(rng, profile, sig) if rng.random() < outside_share else None
     sig["model_like"] = source != "random"
@@ -510,6 +521,8 @@ def _backends(spec: str, profile, device: str = "cuda") -> tuple[dict, list]:
 @click.option("--out", default="live-parity.json", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--max-seconds", type=float, default=None, help="Stop drawing when this time is up.")
 @click.option("--model-share", default=0.5, show_default=True, help="Share of model-like shapes.")
+@click.option("--split-share", default=0.15, show_default=True,
+              help="Share of random shapes drawn inside the split region.")
 @click.option("--outside-share", default=0.05, show_default=True,
               help="Share of calls with a feature the profile does not record.")
 @click.option("--max-mac", default=2 ** 40, show_default=True, help="Largest M*N*K drawn.")
@@ -519,8 +532,8 @@ def _backends(spec: str, profile, device: str = "cuda") -> tuple[dict, list]:
               help="torch device of the native calls and the drop-in ('cpu' runs torch's CPU kernel: a dry run).")
 @click.option("--only", default=None,
               help="Comma-separated call indices: run only these of the draw (same seed and options re-run them).")
-def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share, outside_share, max_mac,
-         reference_max_mac, device, only):
+def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share, split_share, outside_share,
+         max_mac, reference_max_mac, device, only):
     """Native torch._scaled_mm against cpemu on fresh random calls; exit 1 on any failure."""
     import torch
 
@@ -531,10 +544,12 @@ def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share,
     runners, st = _backends(backend_spec, profile, device)
     header = {"tool": TOOL, "version": VERSION, "command": sys.argv, "profile": profile.name,
               "options": {"calls": calls, "seed": seed, "backends": list(runners), "max_seconds": max_seconds,
-                          "model_share": model_share, "outside_share": outside_share, "max_mac": max_mac,
+                          "model_share": model_share, "split_share": split_share,
+                          "outside_share": outside_share, "max_mac": max_mac,
                           "reference_max_mac": reference_max_mac, "device": device, "only": only},
               "backend_status": st}
-    sigs = draw_calls(profile, calls, seed, model_share=model_share, outside_share=outside_share, max_mac=max_mac)
+    sigs = draw_calls(profile, calls, seed, model_share=model_share, split_share=split_share,
+                      outside_share=outside_share, max_mac=max_mac)
     total = calls
     if only:
         try:
