@@ -12,6 +12,7 @@ import pytest
 
 import cpemu
 
+torch = pytest.importorskip("torch")  # the tool draws its operands with torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("cpemu_tools_live_parity",
                                                os.path.join(HERE, "..", "tools", "live_parity.py"))
@@ -38,6 +39,7 @@ def test_draws_stay_in_the_profile():
     for s in sigs:
         M, N, K = s["M"], s["N"], s["K"]
         assert N % 16 == 0 and K % 16 == 0 and M >= 1 and M * N * K <= 2 ** 40
+        assert (M + N) * K + 4 * M * N <= 2 ** 30  # --max-bytes
         assert lp.in_domain(H200.data["modes"][s["scaling"]]["split_k"]["domain"], M, N, K)
         mode = H200.data["modes"][s["scaling"]]
         if s["outside"] is None:
@@ -52,7 +54,8 @@ def test_model_like_shapes():
     for s in sigs:
         assert s["model_like"] and (s["N"], s["K"]) in lp.MODEL_NK[s["source"]]
         assert s["N"] <= 16384 and s["K"] <= 16384 or (s["N"], s["K"]) == (24576, 8192)
-        cap = 2 ** 40 // (s["N"] * s["K"])
+        N, K = s["N"], s["K"]
+        cap = min(16384, 2 ** 40 // (N * K), (2 ** 30 - N * K) // (K + 4 * N))
         in_tokens = any(lo <= s["M"] <= hi for lo, hi in lp.TOKEN_RANGES) or s["M"] == cap
         assert in_tokens or (s["source"] == "evo2" and s["M"] % 16 == 0)
     assert {"evo2", "llama3-8b"} <= {s["source"] for s in sigs}
@@ -78,6 +81,16 @@ def test_split_region(scaling, M, N, K, want):
     assert lp.split_region(H200, scaling, M, N, K) is want
 
 
+def test_split_region_reads_the_profiles_bound():
+    data = json.loads(json.dumps(H200.data))
+    data["modes"]["tensorwise"]["split_k"].setdefault("params", {})["bound"] = {"k_per_split": 1280}
+    halved = cpemu.Profile("test-bound", data)
+    assert not lp.split_region(H200, "tensorwise", 1, 4096, 5120)  # ceil(5120/2560) - 1 = 1
+    assert lp.split_region(halved, "tensorwise", 1, 4096, 5120)  # ceil(5120/1280) - 1 = 3
+    data["modes"]["tensorwise"]["split_k"]["params"]["bound"] = {"workspace_bytes": 4 * 2 ** 20}
+    assert lp.split_region(cpemu.Profile("test-ws", data), "tensorwise", 32, 4096, 16384)  # 4 MiB: 7
+
+
 def test_no_split_region_without_a_split_rule():
     assert not lp.split_region(cpemu.get_profile("ada-rtx4060-torch"), "tensorwise", 16, 64, 16384)
 
@@ -85,24 +98,35 @@ def test_no_split_region_without_a_split_rule():
 def test_operands():
     s = dict(_sigs(1)[0], M=5, N=32, K=48, scaling="rowwise", scales={"kind": "random", "log2_range": [-8, 4]},
              bias="float16", data="codes")
-    ops = lp.operands(s)
-    assert ops["a"].shape == (5, 48) and ops["bt"].shape == (32, 48) and ops["a"].dtype == np.uint8
-    assert ops["scale_a"].shape == (5, 1) and ops["scale_b"].shape == (1, 32)
-    assert ops["bias"].dtype == np.uint16 and ops["bias"].shape == (32,)
-    assert np.isfinite(ops["a"].view(lp.FP8[s["a_format"]]).astype(np.float32)).all()
-    again = lp.operands(s)
-    assert all(np.array_equal(ops[k], again[k]) for k in ("a", "bt", "scale_a", "scale_b", "bias"))
-    t = lp.operands(dict(s, scaling="tensorwise", scales={"kind": "unit"}, bias=None))
-    assert t["scale_a"].shape == () and float(t["scale_a"]) == 1.0 and t["bias"] is None
+    ops = lp.Operands(s, "cpu")
+    a, bt = ops.host("a"), ops.host("bt")
+    assert a.shape == (5, 48) and bt.shape == (32, 48) and a.dtype == np.uint8 and bt.dtype == np.uint8
+    assert ops.scale_a.shape == (5, 1) and ops.scale_b.shape == (1, 32)
+    assert ops.bias.dtype == np.uint16 and ops.bias.shape == (32,)
+    assert np.isfinite(a.view(lp.FP8[s["a_format"]]).astype(np.float32)).all()
+    again = lp.Operands(s, "cpu")
+    assert np.array_equal(a, again.host("a")) and np.array_equal(bt, again.host("bt"))
+    assert all(np.array_equal(getattr(ops, k), getattr(again, k)) for k in ("scale_a", "scale_b", "bias"))
+    assert not np.array_equal(bt, lp.Operands(dict(s, seed=s["seed"] + 1), "cpu").host("bt"))
+    x, w, sa, sb, kw = ops.torch_args()
+    assert x.dtype == (torch.float8_e4m3fn if s["a_format"] == "e4m3" else torch.float8_e5m2)
+    assert w.shape == (48, 32) and w.stride() == (1, 48) and kw["bias"].dtype == torch.float16
+    t = lp.Operands(dict(s, scaling="tensorwise", scales={"kind": "unit"}, bias=None), "cpu")
+    assert t.scale_a.shape == () and float(t.scale_a) == 1.0 and t.bias is None
 
 
 def test_gauss_codes_follow_the_normal():
-    rng = np.random.default_rng(0)
-    x = lp._codes(rng, (200000,), "e4m3", "gauss").view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
+
+    def codes(fmt, data):
+        return lp._codes(gen, rng, (200000,), fmt, data, "cpu").numpy().view(lp.FP8[fmt]).astype(np.float64)
+
+    x = codes("e4m3", "gauss")
     assert np.isfinite(x).all() and abs(x.mean()) < 0.05 * x.std()
     table = lp._gauss_table("e4m3", 10.0).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     assert 9.8 < table.std() < 10.2 and table.max() <= 448
-    assert np.isnan(lp._codes(rng, (100000,), "e5m2", "nan").view(ml_dtypes.float8_e5m2).astype(np.float32)).any()
+    assert np.isnan(codes("e5m2", "nan")).any() and np.isfinite(codes("e5m2", "codes")).all()
+    assert len(np.unique(codes("e4m3", "codes"))) > 200
 
 
 def test_first_difference():
@@ -136,7 +160,7 @@ def _reference_native(corrupt=None, refuse=None):
 
 
 def _run(tmp_path, native, n=24, runners=None, **kw):
-    runners = runners or {"reference": lp.gemm_runner(H200, "reference"), "torch": lp.dropin_runner(H200, "cpu")}
+    runners = runners or {"reference": lp.gemm_runner(H200, "reference"), "torch": lp.dropin_runner(H200)}
     out = str(tmp_path / "rec.json")
     rec, code = lp.run_parity(_sigs(n, seed=7), native, runners, header={"tool": "test"}, out=out, total=n, **kw)
     assert json.load(open(out))["calls_run"] == rec["calls_run"]
@@ -144,7 +168,6 @@ def _run(tmp_path, native, n=24, runners=None, **kw):
 
 
 def test_reference_native_matches(tmp_path):
-    pytest.importorskip("torch")
     lines = []
     rec, code = _run(tmp_path, _reference_native(), echo=lines.append)
     assert code == 0 and rec["failures"] == 0 and rec["calls_run"] == 24 and rec["stopped"] == "calls"
@@ -231,7 +254,6 @@ def test_unknown_backend_is_refused():
 
 
 def test_command_needs_a_gpu():
-    torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     from click.testing import CliRunner
@@ -242,7 +264,6 @@ def test_command_needs_a_gpu():
 
 def test_command_dry_run_on_the_cpu(tmp_path):
     """The whole command with torch's CPU kernel as the native (its bits are not the H200's)."""
-    pytest.importorskip("torch")
     from click.testing import CliRunner
 
     out = tmp_path / "rec.json"

@@ -93,13 +93,22 @@ def in_domain(dom: dict, M: int, N: int, K: int) -> bool:
     return inside("M", M) and nk
 
 
+H200_BOUND = {"k_per_split": 2560, "bytes_per_partial": 4, "n_align": 32, "workspace_bytes": 2 ** 20,
+              "workspace_reserve": 16}
+
+
 def split_region(profile, scaling: str, M: int, N: int, K: int) -> bool:
-    """Where cuBLASLt may split K: the profile's mode has a split-K rule and the bound measured on the
-    H200 (torch's 1 MiB workspace), u = min(ceil(K/2560) - 1, floor((2^20 - 16) / (4 M ceil32(N)))),
-    allows 2 slices or more. A label for the tallies only."""
-    if (profile.data["modes"][scaling].get("split_k") or {}).get("kind", "none") == "none":
+    """Where cuBLASLt may split K: the profile's mode has a split-K rule and its bound (the profile's
+    ``params.bound``, else the one measured on the H200 with torch's 1 MiB workspace),
+    u = min(ceil(K/2560) - 1, floor((2^20 - 16) / (4 M ceil32(N)))), allows 2 slices or more.
+    A label for the tallies only."""
+    sk = profile.data["modes"][scaling].get("split_k") or {}
+    if sk.get("kind", "none") == "none":
         return False
-    u = min(-(-K // 2560) - 1, (2 ** 20 - 16) // (4 * M * (-(-N // 32) * 32)))
+    b = {**H200_BOUND, **((sk.get("params") or {}).get("bound") or {})}
+    n = -(-N // b["n_align"]) * b["n_align"]
+    u = min(-(-K // b["k_per_split"]) - 1,
+            (b["workspace_bytes"] - b["workspace_reserve"]) // (b["bytes_per_partial"] * M * n))
     return u >= 2
 
 
@@ -109,10 +118,17 @@ def _log_int(rng, lo: int, hi: int, step: int = 1) -> int:
     return int(min(hi, max(lo, v // step * step)))
 
 
-def _model_shape(rng, dom: dict, max_mac: int):
+def _m_top(dom: dict, N: int, K: int, caps: tuple) -> int:
+    """The largest M of the domain with M*N*K <= max_mac and the operands and an FP32 output
+    ((M + N) * K + 4 * M * N bytes) within max_bytes; ``caps`` = (max_mac, max_bytes)."""
+    max_mac, max_bytes = caps
+    return min(dom.get("M", DEFAULT_DOMAIN["M"])[1], max_mac // (N * K), (max_bytes - N * K) // (K + 4 * N))
+
+
+def _model_shape(rng, dom: dict, caps: tuple):
     """(M, N, K, source) of a linear layer of a public model at a decode or prefill token count."""
     pairs = [(m, nk) for m, nks in MODEL_NK.items() for nk in nks
-             if in_domain(dom, 1, *nk) and nk[0] * nk[1] <= max_mac]
+             if in_domain(dom, 1, *nk) and _m_top(dom, *nk, caps) >= 1]
     if not pairs:
         return None
     model, (N, K) = pairs[rng.integers(len(pairs))]
@@ -120,20 +136,19 @@ def _model_shape(rng, dom: dict, max_mac: int):
     M = int(rng.integers(lo, hi + 1))
     if model == "evo2":
         M = -(-M // 16) * 16  # Evo 2 pads its tokens to a multiple of 16
-    M = max(1, min(M, max_mac // (N * K), dom.get("M", DEFAULT_DOMAIN["M"])[1]))
-    return M, N, K, model
+    return max(1, min(M, _m_top(dom, N, K, caps))), N, K, model
 
 
-def _random_shape(rng, dom: dict, max_mac: int):
-    """(M, N, K, "random"): log-uniform over the domain, N and K multiples of 16, M*N*K <= max_mac."""
-    (mlo, mhi), (nlo, nhi), (klo, khi) = (dom.get(ax, DEFAULT_DOMAIN[ax]) for ax in "MNK")
+def _random_shape(rng, dom: dict, caps: tuple):
+    """(M, N, K, "random"): log-uniform over the domain, N and K multiples of 16, within ``caps``."""
+    (mlo, _), (nlo, nhi), (klo, khi) = (dom.get(ax, DEFAULT_DOMAIN[ax]) for ax in "MNK")
     for _ in range(1000):
         N = _log_int(rng, max(16, nlo), nhi, 16)
         K = _log_int(rng, max(16, klo), khi, 16)
-        top = min(mhi, max_mac // (N * K))
+        top = _m_top(dom, N, K, caps)
         if top >= max(1, mlo):
             return _log_int(rng, max(1, mlo), top), N, K, "random"
-    raise ValueError(f"--max-mac: {max_mac} is too small for any shape of the domain {dom}")
+    raise ValueError(f"--max-mac / --max-bytes: {caps} leave no shape of the domain {dom}")
 
 
 def _scales(rng, scaling: str) -> dict:
@@ -167,25 +182,25 @@ def _outside(rng, profile, sig: dict) -> str | None:
     return what
 
 
-def _split_shape(rng, profile, scaling: str, dom: dict, max_mac: int):
+def _split_shape(rng, profile, scaling: str, dom: dict, caps: tuple):
     """A random shape inside the split region (None after 1000 tries, or where the mode never splits)."""
     for _ in range(1000 if split_region(profile, scaling, 1, 16, dom.get("K", DEFAULT_DOMAIN["K"])[1]) else 0):
-        shape = _random_shape(rng, dom, max_mac)
+        shape = _random_shape(rng, dom, caps)
         if split_region(profile, scaling, *shape[:3]):
             return shape
     return None
 
 
 def draw_call(rng, profile, index: int, *, model_share: float = 0.5, split_share: float = 0.15,
-              outside_share: float = 0.05, max_mac: int = 2 ** 40) -> dict:
+              outside_share: float = 0.05, max_mac: int = 2 ** 40, max_bytes: int = 2 ** 30) -> dict:
     """One call's signature, JSON-ready; its operands come from ``signature["seed"]``."""
     modes = sorted(profile.data["modes"], key=lambda m: m != "tensorwise")  # tensorwise first
     scaling = modes[0] if len(modes) == 1 or rng.random() < 0.65 else modes[1 + rng.integers(len(modes) - 1)]
     dom = _domain(profile, scaling)
-    u = rng.random()
-    shape = _model_shape(rng, dom, max_mac) if u < model_share else \
-        _split_shape(rng, profile, scaling, dom, max_mac) if u < model_share + split_share else None
-    M, N, K, source = shape or _random_shape(rng, dom, max_mac)
+    u, caps = rng.random(), (max_mac, max_bytes)
+    shape = _model_shape(rng, dom, caps) if u < model_share else \
+        _split_shape(rng, profile, scaling, dom, caps) if u < model_share + split_share else None
+    M, N, K, source = shape or _random_shape(rng, dom, caps)
     mode = profile.data["modes"][scaling]
     a_format, b_format = profile.data["formats"][rng.integers(len(profile.data["formats"]))]
     out_dtype = mode["out_dtypes"][rng.integers(len(mode["out_dtypes"]))]
@@ -225,41 +240,75 @@ def _gauss_table(fmt: str, sigma: float) -> np.ndarray:
     return codes[np.searchsorted(cdf, (np.arange(65536) + 0.5) / 65536)]
 
 
-def _codes(rng, shape, fmt: str, data: str) -> np.ndarray:
-    """uint8 FP8 codes: any finite code ("codes"), N(0, sigma^2) values ("gauss", sigma log-uniform
-    in [2^-6, 2^7], rounded to the format, saturating), or gauss with 0.1 % NaN ("nan")."""
+def _codes(gen, rng, shape, fmt: str, data: str, device: str):
+    """uint8 FP8 codes drawn by torch on ``device``: any finite code ("codes"), N(0, sigma^2) values
+    ("gauss", sigma log-uniform in [2^-6, 2^7] from ``rng``, rounded to the format, saturating), or
+    gauss with 0.1 % NaN ("nan")."""
+    import torch
+
     if data == "codes":
-        c = rng.integers(0, 256, size=shape, dtype=np.uint8)
-        c[~_FINITE[fmt][c]] = 0
-        return c
-    table = _gauss_table(fmt, 2.0 ** rng.uniform(-6, 7))
-    c = table[rng.integers(0, 65536, size=shape, dtype=np.uint16)]
+        c = torch.randint(0, 256, shape, generator=gen, device=device, dtype=torch.uint8)
+        finite = torch.from_numpy(_FINITE[fmt]).to(device)
+        return torch.where(finite[c.long()], c, torch.zeros_like(c))
+    table = torch.from_numpy(_gauss_table(fmt, 2.0 ** rng.uniform(-6, 7))).to(device)
+    c = table[torch.randint(0, 65536, shape, generator=gen, device=device)]
     if data == "nan":
-        c[rng.random(size=shape) < 1e-3] = 0x7F
+        c[torch.rand(shape, generator=gen, device=device) < 1e-3] = 0x7F
     return c
 
 
-def operands(sig: dict) -> dict:
-    """The call's inputs as numpy arrays: ``a`` (M, K) and ``bt`` (N, K) uint8 codes (``bt`` is the
-    (N, K) weight whose transpose is torch's column-major ``b``), float32 ``scale_a`` / ``scale_b``
-    of shape () or (M, 1) / (1, N), ``bias`` None or (N,) uint16 bit patterns of ``sig["bias"]``."""
-    rng = np.random.default_rng(sig["seed"])
-    M, N, K = sig["M"], sig["N"], sig["K"]
-    a = _codes(rng, (M, K), sig["a_format"], sig["data"])
-    bt = _codes(rng, (N, K), sig["b_format"], sig["data"])
-    sh_a, sh_b = ((M, 1), (1, N)) if sig["scaling"] == "rowwise" else ((), ())
-    if sig["scales"]["kind"] == "unit":
-        sa, sb = np.ones(sh_a, np.float32), np.ones(sh_b, np.float32)
-    else:
-        lo, hi = sig["scales"]["log2_range"]
-        sa = np.exp2(rng.uniform(lo, hi, size=sh_a)).astype(np.float32)
-        sb = np.exp2(rng.uniform(lo, hi, size=sh_b)).astype(np.float32)
-    bias = None
-    if sig["bias"]:
-        dt = np.float16 if sig["bias"] == "float16" else ml_dtypes.bfloat16
-        bias = (rng.standard_normal(N) * 2.0 ** rng.uniform(-4, 8)).astype(np.float32).astype(dt).view(np.uint16)
-    return {"a": a, "bt": bt, "scale_a": np.asarray(sa, np.float32), "scale_b": np.asarray(sb, np.float32),
-            "bias": bias}
+class Operands:
+    """One call's inputs, drawn from its seed.
+
+    ``codes["a"]`` (M, K) and ``codes["bt"]`` (N, K) are uint8 FP8 codes drawn by torch on ``device``
+    (on a GPU they are made where native runs); ``bt`` is the (N, K) weight whose transpose is
+    torch's column-major ``b``. ``scale_a`` / ``scale_b`` (float32, shape () or (M, 1) / (1, N))
+    and ``bias`` (None or (N,) uint16 bit patterns of ``sig["bias"]``) are numpy arrays.
+    """
+
+    def __init__(self, sig: dict, device: str = "cpu"):
+        import torch
+
+        rng = np.random.default_rng(sig["seed"])
+        gen = torch.Generator(device=device)
+        gen.manual_seed(sig["seed"])
+        M, N, K = sig["M"], sig["N"], sig["K"]
+        self.sig, self.device, self._host, self._torch = sig, device, {}, None
+        self.codes = {"a": _codes(gen, rng, (M, K), sig["a_format"], sig["data"], device),
+                      "bt": _codes(gen, rng, (N, K), sig["b_format"], sig["data"], device)}
+        sh_a, sh_b = ((M, 1), (1, N)) if sig["scaling"] == "rowwise" else ((), ())
+        if sig["scales"]["kind"] == "unit":
+            sa, sb = np.ones(sh_a, np.float32), np.ones(sh_b, np.float32)
+        else:
+            lo, hi = sig["scales"]["log2_range"]
+            sa = np.exp2(rng.uniform(lo, hi, size=sh_a)).astype(np.float32)
+            sb = np.exp2(rng.uniform(lo, hi, size=sh_b)).astype(np.float32)
+        self.scale_a, self.scale_b = np.asarray(sa, np.float32), np.asarray(sb, np.float32)
+        self.bias = None
+        if sig["bias"]:
+            dt = np.float16 if sig["bias"] == "float16" else ml_dtypes.bfloat16
+            vals = rng.standard_normal(N) * 2.0 ** rng.uniform(-4, 8)
+            self.bias = vals.astype(np.float32).astype(dt).view(np.uint16)
+
+    def host(self, name: str) -> np.ndarray:
+        """A numpy copy of ``codes[name]`` (made once)."""
+        if name not in self._host:
+            self._host[name] = self.codes[name].cpu().numpy()
+        return self._host[name]
+
+    def torch_args(self) -> tuple:
+        """(a, b, scale_a, scale_b, kwargs) of ``torch._scaled_mm`` on the operands' device (made once)."""
+        if self._torch is None:
+            import torch
+
+            sig, dev = self.sig, self.device
+            dt = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+            kw = {"out_dtype": getattr(torch, sig["out_dtype"]), "use_fast_accum": sig["fast_accum"]}
+            if self.bias is not None:
+                kw["bias"] = torch.from_numpy(self.bias.view(np.int16)).to(dev).view(getattr(torch, sig["bias"]))
+            self._torch = (self.codes["a"].view(dt[sig["a_format"]]), self.codes["bt"].view(dt[sig["b_format"]]).t(),
+                           torch.from_numpy(self.scale_a).to(dev), torch.from_numpy(self.scale_b).to(dev), kw)
+        return self._torch
 
 
 # --------------------------------------------------------------------------- comparison and tallies
@@ -349,32 +398,15 @@ def failures(entries: list[dict]) -> int:
 # --------------------------------------------------------------------------- runners
 
 def gemm_runner(profile, backend: str):
-    """``run(sig, ops)`` of ``cpemu.gemm`` with ``backend`` on the numpy codes."""
+    """``run(sig, ops)`` of ``cpemu.gemm`` with ``backend`` on numpy copies of the codes."""
     def run(sig, ops):
         bias = None
-        if ops["bias"] is not None:
-            bias = ops["bias"].view(np.float16 if sig["bias"] == "float16" else ml_dtypes.bfloat16)
-        return cpemu.gemm(ops["a"].view(FP8[sig["a_format"]]), ops["bt"].view(FP8[sig["b_format"]]).T,
-                          profile=profile, scale_a=ops["scale_a"], scale_b=ops["scale_b"], bias=bias,
+        if ops.bias is not None:
+            bias = ops.bias.view(np.float16 if sig["bias"] == "float16" else ml_dtypes.bfloat16)
+        return cpemu.gemm(ops.host("a").view(FP8[sig["a_format"]]), ops.host("bt").view(FP8[sig["b_format"]]).T,
+                          profile=profile, scale_a=ops.scale_a, scale_b=ops.scale_b, bias=bias,
                           out_dtype=sig["out_dtype"], fast_accum=sig["fast_accum"], backend=backend)
     return run
-
-
-def torch_args(sig: dict, ops: dict, device: str) -> tuple:
-    """(a, b, scale_a, scale_b, kwargs) of ``torch._scaled_mm`` on ``device`` (built once per call)."""
-    import torch
-
-    key = ("torch", device)
-    if key not in ops:
-        dt = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-        a = torch.from_numpy(ops["a"]).to(device).view(dt[sig["a_format"]])
-        b = torch.from_numpy(ops["bt"]).to(device).view(dt[sig["b_format"]]).t()
-        sa, sb = (torch.from_numpy(ops[k]).to(device) for k in ("scale_a", "scale_b"))
-        kw = {"out_dtype": getattr(torch, sig["out_dtype"]), "use_fast_accum": sig["fast_accum"]}
-        if ops["bias"] is not None:
-            kw["bias"] = torch.from_numpy(ops["bias"].view(np.int16)).to(device).view(getattr(torch, sig["bias"]))
-        ops[key] = (a, b, sa, sb, kw)
-    return ops[key]
 
 
 def _torch_bits(y) -> np.ndarray:
@@ -384,33 +416,30 @@ def _torch_bits(y) -> np.ndarray:
         np.uint32 if y.element_size() == 4 else np.uint16)
 
 
-def native_runner(device: str = "cuda"):
-    """``run(sig, ops)`` of native ``torch._scaled_mm`` on ``device``: output bit patterns (numpy)."""
-    def run(sig, ops):
-        import torch
+def native(sig, ops) -> np.ndarray:
+    """Native ``torch._scaled_mm`` on the operands' device: its output bit patterns (numpy)."""
+    import torch
 
-        a, b, sa, sb, kw = torch_args(sig, ops, device)
-        return _torch_bits(torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, **kw))
-    return run
+    a, b, sa, sb, kw = ops.torch_args()
+    return _torch_bits(torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, **kw))
 
 
-def dropin_runner(profile, device: str = "cuda"):
+def dropin_runner(profile):
     """``run(sig, ops)`` of ``cpemu.torch.scaled_mm`` (backend auto) on the same torch tensors."""
     def run(sig, ops):
         import cpemu.torch as ct
 
-        a, b, sa, sb, kw = torch_args(sig, ops, device)
-        kw = dict(kw)
-        return _torch_bits(ct.scaled_mm(a, b, sa, sb, kw.pop("bias", None), None, kw["out_dtype"],
-                                        kw["use_fast_accum"], profile=profile))
+        a, b, sa, sb, kw = ops.torch_args()
+        return _torch_bits(ct.scaled_mm(a, b, sa, sb, kw.get("bias"), None, kw["out_dtype"], kw["use_fast_accum"],
+                                        profile=profile))
     return run
 
 
 # --------------------------------------------------------------------------- the run
 
-def run_call(sig: dict, native, runners: dict, reference_max_mac: int) -> dict:
-    """Native, then each cpemu runner, on one call's operands."""
-    ops = operands(sig)
+def run_call(sig: dict, native, runners: dict, reference_max_mac: int, device: str = "cpu") -> dict:
+    """Native, then each cpemu runner, on one call's operands (drawn on ``device``)."""
+    ops = Operands(sig, device)
     t0 = time.perf_counter()
     try:
         want = native(sig, ops)
@@ -440,7 +469,7 @@ def _progress(entry: dict, done: int, total: int, seen: Counter, echo) -> None:
 
 def run_parity(signatures, native, runners: dict, *, header: dict, out: str | None = None,
                max_seconds: float | None = None, reference_max_mac: int = 2 ** 29, total: int | None = None,
-               echo=None, save_every: int = 25) -> tuple[dict, int]:
+               device: str = "cpu", echo=None, save_every: int = 25) -> tuple[dict, int]:
     """Run every call (until ``max_seconds``), write the record to ``out``; (record, exit status)."""
     t0, entries, seen, stopped = time.perf_counter(), [], Counter(), "calls"
     rec = dict(header)
@@ -448,7 +477,7 @@ def run_parity(signatures, native, runners: dict, *, header: dict, out: str | No
         if max_seconds is not None and time.perf_counter() - t0 >= max_seconds:
             stopped = "max-seconds"
             break
-        entries.append(run_call(sig, native, runners, reference_max_mac))
+        entries.append(run_call(sig, native, runners, reference_max_mac, device))
         if echo:
             _progress(entries[-1], len(entries), total or 0, seen, echo)
         if out and len(entries) % save_every == 0:
@@ -498,7 +527,7 @@ def environment(profile) -> dict:
             "profile_match": devicematch.match(profile.data, found)}
 
 
-def _backends(spec: str, profile, device: str = "cuda") -> tuple[dict, list]:
+def _backends(spec: str, profile) -> tuple[dict, list]:
     """The runners named by --backends ("all": every available backend and the drop-in)."""
     from cpemu.backends import LADDER, status
 
@@ -508,7 +537,7 @@ def _backends(spec: str, profile, device: str = "cuda") -> tuple[dict, list]:
         if n not in LADDER + (DROPIN,):
             raise click.BadParameter(f"unknown backend {n!r}; known: {', '.join(LADDER + (DROPIN,))}, all",
                                      param_hint="--backends")
-    runners = {n: dropin_runner(profile, device) if n == DROPIN else gemm_runner(profile, n) for n in names}
+    runners = {n: dropin_runner(profile) if n == DROPIN else gemm_runner(profile, n) for n in names}
     return runners, st
 
 
@@ -526,6 +555,8 @@ def _backends(spec: str, profile, device: str = "cuda") -> tuple[dict, list]:
 @click.option("--outside-share", default=0.05, show_default=True,
               help="Share of calls with a feature the profile does not record.")
 @click.option("--max-mac", default=2 ** 40, show_default=True, help="Largest M*N*K drawn.")
+@click.option("--max-bytes", default=2 ** 30, show_default=True,
+              help="Largest (M + N) * K + 4 * M * N drawn (the operands and an FP32 output).")
 @click.option("--reference-max-mac", default=2 ** 29, show_default=True,
               help="Largest M*N*K run on the reference backend (the CPU).")
 @click.option("--device", default="cuda", show_default=True,
@@ -533,7 +564,7 @@ def _backends(spec: str, profile, device: str = "cuda") -> tuple[dict, list]:
 @click.option("--only", default=None,
               help="Comma-separated call indices: run only these of the draw (same seed and options re-run them).")
 def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share, split_share, outside_share,
-         max_mac, reference_max_mac, device, only):
+         max_mac, max_bytes, reference_max_mac, device, only):
     """Native torch._scaled_mm against cpemu on fresh random calls; exit 1 on any failure."""
     import torch
 
@@ -541,15 +572,15 @@ def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share,
         raise click.ClickException("live parity needs a CUDA GPU visible to torch (torch.cuda.is_available() "
                                    "is False)")
     profile = cpemu.get_profile(profile_name)
-    runners, st = _backends(backend_spec, profile, device)
+    runners, st = _backends(backend_spec, profile)
     header = {"tool": TOOL, "version": VERSION, "command": sys.argv, "profile": profile.name,
               "options": {"calls": calls, "seed": seed, "backends": list(runners), "max_seconds": max_seconds,
                           "model_share": model_share, "split_share": split_share,
-                          "outside_share": outside_share, "max_mac": max_mac,
+                          "outside_share": outside_share, "max_mac": max_mac, "max_bytes": max_bytes,
                           "reference_max_mac": reference_max_mac, "device": device, "only": only},
               "backend_status": st}
     sigs = draw_calls(profile, calls, seed, model_share=model_share, split_share=split_share,
-                      outside_share=outside_share, max_mac=max_mac)
+                      outside_share=outside_share, max_mac=max_mac, max_bytes=max_bytes)
     total = calls
     if only:
         try:
@@ -562,8 +593,8 @@ def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share,
                      torch.zeros(16, 32, device=device).to(torch.float8_e4m3fn).t(), one, one,
                      out_dtype=torch.bfloat16)
     header["environment"] = environment(profile)
-    rec, code = run_parity(sigs, native_runner(device), runners, header=header, out=out, max_seconds=max_seconds,
-                           reference_max_mac=reference_max_mac, total=total,
+    rec, code = run_parity(sigs, native, runners, header=header, out=out, max_seconds=max_seconds,
+                           reference_max_mac=reference_max_mac, total=total, device=device,
                            echo=lambda m: click.echo(m, err=True))
     for reg, r in rec["totals"].items():
         click.echo(f"{reg}: {r['calls']} calls; native {r['native']}; "
