@@ -91,6 +91,7 @@ def _cuda_status() -> dict:
                 "index": i,
                 "name": name.decode(errors="replace") if isinstance(name, bytes) else str(name),
                 "compute_capability": f"{p.get('major', '?')}.{p.get('minor', '?')}",
+                "sm_count": p.get("multiProcessorCount"),
                 "memory_gib": round(p.get("totalGlobalMem", 0) / 2 ** 30, 1),
             })
         if n == 0:
@@ -180,13 +181,38 @@ def info(as_json):
     cuda = _cuda_status()
     report = {"cpemu": _version(), "default_profile": DEFAULT_PROFILE, "profiles": profs,
               "invalid_profiles": bad, "backends": _backends(cuda),
-              "devices": {"cpu": _cpu_info(), "cuda": cuda["devices"]}}
+              "devices": {"cpu": _cpu_info(), "cuda": cuda["devices"]},
+              "device_match": _device_match(cuda, [p["name"] for p in profs])}
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:
         _print_info(report, cuda)
     if bad:
         sys.exit(1)
+
+
+def _device_match(cuda: dict, names: list[str]) -> dict:
+    """What this machine is (GPU 0, cuBLASLt, torch) and, per shipped profile, whether it matches."""
+    from . import devicematch
+
+    found = devicematch.detect(cuda)
+    return {"detected": found,
+            "profiles": {n: devicematch.match(get_profile(n).data, found) for n in names}}
+
+
+def _print_device_match(dm: dict):
+    from .devicematch import cublaslt_text, verdict_text
+
+    echo, found = click.echo, dm["detected"]
+    gpu = found["gpu"]
+    echo("This device (a profile gives its GPU's own bits where it matches):")
+    echo(f"  GPU:      {gpu['name']}, {gpu['sm_count'] or '?'} SMs (found by {found['found_by']})" if gpu else
+         f"  GPU:      no GPU found ({found['no_gpu_reason']})")
+    echo("  cuBLASLt: " + (f"{cublaslt_text(found['cublaslt'])}, {found['cublaslt_source']}"
+                            if found["cublaslt"] is not None else f"not found ({found['cublaslt_source']})"))
+    echo(f"  torch:    {found['torch'] or 'not installed'}")
+    for name, m in dm["profiles"].items():
+        echo(f"  {name}: {verdict_text(m)}")
 
 
 def _version() -> str:
@@ -236,6 +262,8 @@ def _print_info(r: dict, cuda: dict):
             echo(f"  cuda:{d['index']}: {d['name']} (sm {d['compute_capability']}, {d['memory_gib']} GiB)")
     else:
         echo(f"  cuda: none ({cuda['reason'] or 'no device'})")
+    echo("")
+    _print_device_match(r["device_match"])
 
 
 # --------------------------------------------------------------------------- gemm
@@ -315,85 +343,106 @@ def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, p
     notes: list[str] = []
     with _clean_errors():
         prof = _resolve_profile(profile_spec)
-        if (a_path is None) != (b_path is None):
-            raise click.UsageError("--a and --b go together")
-        if a_path is not None:
-            if demo is not None:
-                raise click.UsageError("give either --a/--b or --demo, not both")
-            if m_rows is not None:
-                raise click.UsageError("--M applies to --demo only (M is A's number of rows)")
-            A = _load_operand(a_path, a_format, "a")
-            B = _load_operand(b_path, b_format, "b")
-            if b_transposed:
-                if B.ndim != 2:
-                    raise click.ClickException(f"b: --b-transposed needs a 2-D (N, K) array, got shape {B.shape}")
-                B = B.T
-            source = f"a={a_path} b={b_path}{' (transposed)' if b_transposed else ''}"
+        if a_path is not None or b_path is not None:
+            A, B, source = _file_operands(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows)
         else:
-            demo = demo or "evo2-1b"
-            M = 16 if m_rows is None else m_rows
-            if M < 1:
-                raise click.BadParameter("must be at least 1", param_hint="--M")
-            N, K = EVO2_SHAPES[demo]
-            case = Case(M, N, K, data="gauss40", seed=seed, a_format=a_format or "e4m3",
-                        b_format=b_format or "e4m3")
-            a, bt, *_ = operands(case)
-            A = a.view(FP8_FORMATS[case.a_format].np_dtype)
-            B = bt.view(FP8_FORMATS[case.b_format].np_dtype).T  # (K, N) view of column-major B
-            source = f"demo {demo} (gauss40 data, seed {seed})"
+            A, B, source = _demo_operands(demo, m_rows, seed, a_format, b_format)
         sa = _scale(scale_a, "scale_a", notes)
         sb = _scale(scale_b, "scale_b", notes)
-        if A.ndim == 2 and B.ndim == 2 and A.shape[1] == B.shape[0]:
-            M, K = A.shape
-            N = B.shape[1]
-            try:
-                plan = prof.plan(M, N, K, fast_accum, "tensorwise", _fmt_name(A), _fmt_name(B), out_dtype)
-            except (ValueError, KeyError):
-                plan = None  # gemm's own checks explain what is wrong
-        else:
-            plan = None
+        plan = _gemm_plan(prof, A, B, fast_accum, out_dtype)
         t0 = time.perf_counter()
         y = _gemm(A, B, profile=prof, scale_a=sa, scale_b=sb, out_dtype=out_dtype, fast_accum=fast_accum,
                   backend=backend)
         elapsed = time.perf_counter() - t0
         saved = _save(out_path, y) if out_path else None
-    M, K = A.shape
-    N = B.shape[1]
     from .backends import select
 
-    used_backend = select(backend, prof)
-    digest = hashlib.sha256(np.ascontiguousarray(y).tobytes()).hexdigest()
-    rec = {"source": source, "M": M, "N": N, "K": K, "a_format": _fmt_name(A), "b_format": _fmt_name(B),
-           "profile": prof.name, "backend": used_backend, "out_dtype": out_dtype, "fast_accum": fast_accum,
-           "scale_a": float(sa), "scale_b": float(sb),
-           "plan": None if plan is None else {"splits": plan.splits, "slices": [list(s) for s in plan.slices],
-                                              "promotion": plan.promotion},
-           "sha256": digest,
-           # what a truth manifest records as output_sha256 (cpemu.cases.sha256_arrays of the bit patterns)
-           "manifest_sha256": sha256_arrays(y.view(np.uint32 if y.dtype == np.float32 else np.uint16)),
-           "seconds": elapsed, "mac_per_s": M * N * K / elapsed if elapsed > 0 else None,
-           "out": out_path, "notes": notes + ([saved] if saved else [])}
+    rec = _gemm_record(source, A, B, y, prof, select(backend, prof), out_dtype, fast_accum, sa, sb, plan,
+                       elapsed, out_path, notes + ([saved] if saved else []))
     if as_json:
         click.echo(json.dumps(rec, indent=1))
-        return
+    else:
+        _print_gemm(rec, prof, plan, y)
+
+
+def _file_operands(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows):
+    """A (M, K) and B (K, N) from .npy files, and the text naming them."""
+    if (a_path is None) != (b_path is None):
+        raise click.UsageError("--a and --b go together")
+    if demo is not None:
+        raise click.UsageError("give either --a/--b or --demo, not both")
+    if m_rows is not None:
+        raise click.UsageError("--M applies to --demo only (M is A's number of rows)")
+    A = _load_operand(a_path, a_format, "a")
+    B = _load_operand(b_path, b_format, "b")
+    if b_transposed:
+        if B.ndim != 2:
+            raise click.ClickException(f"b: --b-transposed needs a 2-D (N, K) array, got shape {B.shape}")
+        B = B.T
+    return A, B, f"a={a_path} b={b_path}{' (transposed)' if b_transposed else ''}"
+
+
+def _demo_operands(demo, m_rows, seed, a_format, b_format):
+    """A and B of a built-in Evo 2 projection shape (gauss40 data), and the text naming them."""
+    demo = demo or "evo2-1b"
+    M = 16 if m_rows is None else m_rows
+    if M < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--M")
+    N, K = EVO2_SHAPES[demo]
+    case = Case(M, N, K, data="gauss40", seed=seed, a_format=a_format or "e4m3", b_format=b_format or "e4m3")
+    a, bt, *_ = operands(case)
+    A = a.view(FP8_FORMATS[case.a_format].np_dtype)
+    B = bt.view(FP8_FORMATS[case.b_format].np_dtype).T  # (K, N) view of column-major B
+    return A, B, f"demo {demo} (gauss40 data, seed {seed})"
+
+
+def _gemm_plan(prof: Profile, A: np.ndarray, B: np.ndarray, fast_accum: bool, out_dtype: str):
+    """The profile's plan of the call, or None where the operands do not make one (gemm explains why)."""
+    if not (A.ndim == 2 and B.ndim == 2 and A.shape[1] == B.shape[0]):
+        return None
+    M, K = A.shape
+    try:
+        return prof.plan(M, B.shape[1], K, fast_accum, "tensorwise", _fmt_name(A), _fmt_name(B), out_dtype)
+    except (ValueError, KeyError):
+        return None
+
+
+def _gemm_record(source, A, B, y, prof, used_backend, out_dtype, fast_accum, sa, sb, plan, elapsed, out_path,
+                 notes) -> dict:
+    """What ``cpemu gemm --json`` prints."""
+    M, K = A.shape
+    N = B.shape[1]
+    return {"source": source, "M": M, "N": N, "K": K, "a_format": _fmt_name(A), "b_format": _fmt_name(B),
+            "profile": prof.name, "backend": used_backend, "out_dtype": out_dtype, "fast_accum": fast_accum,
+            "scale_a": float(sa), "scale_b": float(sb),
+            "plan": None if plan is None else {"splits": plan.splits, "slices": [list(s) for s in plan.slices],
+                                               "promotion": plan.promotion},
+            "sha256": hashlib.sha256(np.ascontiguousarray(y).tobytes()).hexdigest(),
+            # what a truth manifest records as output_sha256 (cpemu.cases.sha256_arrays of the bit patterns)
+            "manifest_sha256": sha256_arrays(y.view(np.uint32 if y.dtype == np.float32 else np.uint16)),
+            "seconds": elapsed, "mac_per_s": M * N * K / elapsed if elapsed > 0 else None,
+            "out": out_path, "notes": notes}
+
+
+def _print_gemm(rec: dict, prof: Profile, plan, y: np.ndarray):
     echo = click.echo
-    echo(f"input:    {source}")
-    echo(f"shape:    M={M} N={N} K={K}  (a {rec['a_format']}, b {rec['b_format']})")
+    echo(f"input:    {rec['source']}")
+    echo(f"shape:    M={rec['M']} N={rec['N']} K={rec['K']}  (a {rec['a_format']}, b {rec['b_format']})")
     echo(f"profile:  {prof.name} ({prof.data['device']}; {prof.data['verification']['status']})")
-    echo(f"call:     out_dtype={out_dtype} fast_accum={fast_accum} scale_a={float(sa)!r} scale_b={float(sb)!r} "
-         f"backend={used_backend}")
+    echo(f"call:     out_dtype={rec['out_dtype']} fast_accum={rec['fast_accum']} scale_a={rec['scale_a']!r} "
+         f"scale_b={rec['scale_b']!r} backend={rec['backend']}")
     if plan is not None:
         promo = ("fast accumulation (one chain per slice)" if plan.promotion is None else
                  f"promotion every {plan.promotion} steps ({plan.promotion * prof.instruction.L} K elements)")
         sl = ", ".join(f"[{k0},{k1})" for k0, k1 in plan.slices[:8]) + (" ..." if plan.splits > 8 else "")
         echo(f"plan:     {plan.splits} split-K slice(s) {sl}; {promo}")
     echo(f"output:   {y.dtype} {y.shape}")
-    echo(f"sha256:   {digest}  (raw output bytes, C order)")
-    echo(f"time:     {elapsed:.3f} s, {rec['mac_per_s'] / 1e6:.1f} M MAC/s")
+    echo(f"sha256:   {rec['sha256']}  (raw output bytes, C order)")
+    echo(f"time:     {rec['seconds']:.3f} s, {rec['mac_per_s'] / 1e6:.1f} M MAC/s")
     for n in rec["notes"]:
         echo(f"note:     {n}")
-    if out_path:
-        echo(f"saved:    {out_path}")
+    if rec["out"]:
+        echo(f"saved:    {rec['out']}")
 
 
 def _fmt_name(x: np.ndarray) -> str:
@@ -464,10 +513,6 @@ def verify(truth_dir, profile_spec, backend, show, as_json, jobs):
         sys.exit(1)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
-
-
 # --------------------------------------------------------------------------- record
 
 @main.command()
@@ -519,3 +564,7 @@ def record(out_dir, base_profile, name, suites, heldout, jobs):
     click.echo(f"report: {os.path.join(out_dir, 'report.json')}")
     if rep["status"] != "recorded":
         sys.exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
