@@ -349,7 +349,7 @@ def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, p
             A, B, source = _demo_operands(demo, m_rows, seed, a_format, b_format)
         sa = _scale(scale_a, "scale_a", notes)
         sb = _scale(scale_b, "scale_b", notes)
-        plan = _gemm_plan(prof, A, B, fast_accum, out_dtype)
+        call = _gemm_call(prof, A, B, fast_accum, out_dtype)
         t0 = time.perf_counter()
         y = _gemm(A, B, profile=prof, scale_a=sa, scale_b=sb, out_dtype=out_dtype, fast_accum=fast_accum,
                   backend=backend)
@@ -357,7 +357,8 @@ def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, p
         saved = _save(out_path, y) if out_path else None
     from .backends import select
 
-    rec = _gemm_record(source, A, B, y, prof, select(backend, prof), out_dtype, fast_accum, sa, sb, plan,
+    plan = None if call is None else call.plan
+    rec = _gemm_record(source, A, B, y, prof, select(backend, prof, call), out_dtype, fast_accum, sa, sb, plan,
                        elapsed, out_path, notes + ([saved] if saved else []))
     if as_json:
         click.echo(json.dumps(rec, indent=1))
@@ -396,13 +397,13 @@ def _demo_operands(demo, m_rows, seed, a_format, b_format):
     return A, B, f"demo {demo} (gauss40 data, seed {seed})"
 
 
-def _gemm_plan(prof: Profile, A: np.ndarray, B: np.ndarray, fast_accum: bool, out_dtype: str):
-    """The profile's plan of the call, or None where the operands do not make one (gemm explains why)."""
-    if not (A.ndim == 2 and B.ndim == 2 and A.shape[1] == B.shape[0]):
+def _gemm_call(prof: Profile, A: np.ndarray, B: np.ndarray, fast_accum: bool, out_dtype: str):
+    """The profile's Call, or None where the operands do not make one (gemm explains why)."""
+    if not (A.ndim == 2 and B.ndim == 2 and A.shape[1] == B.shape[0] and A.shape[0]):
         return None
     M, K = A.shape
     try:
-        return prof.plan(M, B.shape[1], K, fast_accum, "tensorwise", _fmt_name(A), _fmt_name(B), out_dtype)
+        return prof.call(M, B.shape[1], K, _fmt_name(A), _fmt_name(B), out_dtype, "tensorwise", fast_accum)
     except (ValueError, KeyError):
         return None
 

@@ -57,7 +57,7 @@ def _torch_gpu() -> tuple[dict | None, str]:
 def _cublaslt() -> tuple[int | None, str]:
     """The version of the libcublasLt cpemu loads (the one torch loaded, when it has), or why none."""
     try:
-        from .recording.cublaslt_heuristic import CublasLt, find_cublaslt
+        from .cuda.cublaslt import CublasLt, find_cublaslt
 
         path, how, _tried = find_cublaslt(None)
         return CublasLt(path).version(), f"{path} ({how})"
