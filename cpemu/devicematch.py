@@ -115,10 +115,18 @@ def match(data: dict, found: dict) -> dict:
         fields[f] = {"profile": want[f], "here": here[f]}
         if want[f] is None:
             unrecorded.append(f)
-        elif here[f] is None or str(want[f]).strip() != str(here[f]).strip():
+        elif here[f] is None or _comparable(f, want[f]) != _comparable(f, here[f]):
             differs.append(f)
     return {"verdict": "differs" if differs else "matches", "differs": differs, "not_recorded": unrecorded,
             "fields": fields}
+
+
+def _comparable(field: str, value) -> str:
+    """A field's value as compared: torch's public version (a wheel's metadata may carry no
+    ``+cu130`` build tag where ``torch.__version__`` does; the CUDA build's library is compared
+    as ``cublaslt``)."""
+    text = str(value).strip()
+    return text.split("+", 1)[0] if field == "torch" else text
 
 
 def verdict_text(m: dict) -> str:

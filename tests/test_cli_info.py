@@ -49,6 +49,15 @@ def test_h200_matches_its_profile():
     assert devicematch.verdict_text(m) == "matches"
 
 
+def test_torch_build_tag_is_not_compared():
+    """The installed metadata of the H200's torch reads 2.11.0 where torch.__version__ reads
+    2.11.0+cu130 (seen on the H200): the same release; a different release still differs."""
+    m = devicematch.match(get_profile("hopper-h200-torch").data, _with(torch="2.11.0"))
+    assert m["verdict"] == "matches", devicematch.verdict_text(m)
+    m = devicematch.match(get_profile("hopper-h200-torch").data, _with(torch="2.11.1"))
+    assert m["differs"] == ["torch"]
+
+
 @pytest.mark.parametrize("change, field", [
     ({"torch": "2.12.0+cu130"}, "torch"), ({"cublaslt": 130200}, "cublaslt"),
     ({"sm_count": 114}, "sm_count"), ({"name": "NVIDIA H100 80GB HBM3"}, "gpu"), ({"sm_count": None}, "sm_count"),
