@@ -28,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["Backend", "LADDER", "TENSOR_CORE", "EXACT_KERNELS", "BackendUnavailable", "CallUnsupported", "get",
+__all__ = ["Backend", "ProbedBackend", "LADDER", "TENSOR_CORE", "EXACT_KERNELS", "BackendUnavailable", "CallUnsupported", "get",
            "available", "validate", "select", "status", "run"]
 
 #: The ladder, fastest first: backend name -> the module that defines it (as ``BACKEND``).
@@ -69,6 +69,20 @@ class Backend(Protocol):
     def run(self, call, operands):
         """The output of ``call`` on ``operands`` (:class:`~cpemu.call.Operands`): numpy, or for a
         device backend a cupy array (float32, or uint16 bits for bfloat16 / float16)."""
+
+
+class ProbedBackend:
+    """``available()`` and ``detail()`` of a backend from one probe, ``_status() -> (ok, detail)``."""
+
+    def _status(self) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def available(self) -> str | None:
+        ok, why = self._status()
+        return None if ok else why
+
+    def detail(self) -> str:
+        return self._status()[1]
 
 
 _lock = threading.Lock()

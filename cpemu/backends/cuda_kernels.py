@@ -6,10 +6,12 @@ where cupy finds a GPU and the fatbins of its architecture pass their pinned sha
 
 from __future__ import annotations
 
+from . import ProbedBackend
+
 __all__ = ["BACKENDS"]
 
 
-class CudaKernel:
+class CudaKernel(ProbedBackend):
     on_device = True
 
     def __init__(self, name: str):
@@ -23,13 +25,6 @@ class CudaKernel:
             return False, f"CUDA loader unavailable: {e}"
         ok, why = modules_status(loader.module_status, MODULES[self.name])
         return bool(ok), why
-
-    def available(self) -> str | None:
-        ok, why = self._status()
-        return None if ok else why
-
-    def detail(self) -> str:
-        return self._status()[1]
 
     def supports(self, call) -> str | None:
         from ..cuda.kernels import limits

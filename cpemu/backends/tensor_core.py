@@ -4,12 +4,12 @@ the cuBLASLt build, so the ladder uses it only where it is validated."""
 
 from __future__ import annotations
 
-from . import TENSOR_CORE
+from . import TENSOR_CORE, ProbedBackend
 
 __all__ = ["BACKENDS"]
 
 
-class TensorCore:
+class TensorCore(ProbedBackend):
     name = TENSOR_CORE
     on_device = True
 
@@ -19,13 +19,6 @@ class TensorCore:
         except Exception as e:  # noqa: BLE001 - a packaging problem
             return False, f"tensor-core module unavailable: {e}"
         return tensorcore.available()
-
-    def available(self) -> str | None:
-        ok, why = self._status()
-        return None if ok else why
-
-    def detail(self) -> str:
-        return self._status()[1]
 
     def supports(self, call) -> str | None:
         """None when cuBLASLt reproduces ``call`` on the current device (its configured algorithm

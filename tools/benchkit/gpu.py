@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 
 
 def device_info(cp) -> dict:
@@ -83,23 +82,11 @@ def first_scaled_mm(torch, device, tstream, stream, out_dtype: str, fast_accum: 
     t.cuda.synchronize(device)
 
 
-def _loaded_libs(fragment: str) -> list[str]:
-    """Paths of the shared objects mapped in this process whose file name contains ``fragment``."""
-    out = []
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 6 and fragment in os.path.basename(parts[-1]) and parts[-1] not in out:
-                    out.append(parts[-1])
-    except OSError:
-        pass
-    return out
-
-
 def cublaslt_info() -> dict:
     """The libcublasLt torch loaded (after its first FP8 matmul) and its cublasLtGetVersion()."""
-    info = {"loaded": _loaded_libs("libcublasLt.so"), "version": None}
+    from cpemu.cuda.cublaslt import loaded_libs
+
+    info = {"loaded": loaded_libs("libcublasLt.so"), "version": None}
     for path in info["loaded"][:1]:
         try:
             fn = ctypes.CDLL(path).cublasLtGetVersion
