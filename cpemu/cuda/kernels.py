@@ -66,8 +66,8 @@ DIRECT = FAMILIES + (TENSOR_CORE,)
 
 #: out_kind argument of the kernels
 OUT_KIND = {"float32": 0, "bfloat16": 1, "float16": 2}
-#: ep_order argument of the kernels (the profile's mode["epilogue"]["order"])
-EPILOGUE_ORDERS = {"acc*(sa*sb)": 0, "(acc*sa)*sb": 1, "(acc*sb)*sa": 2}
+#: ep_order argument of the kernels, by the profile's spelling of the order (cpemu.call.Order)
+EPILOGUE_ORDERS = {Order.SCALES_FIRST.value: 0, Order.A_THEN_B.value: 1, Order.B_THEN_A.value: 2}
 
 FROM_SOURCE_ENV = "CPEMU_CUDA_FROM_SOURCE"
 #: NVRTC options of the development path: the IEEE flags of tools/build_fatbin.py (cupy

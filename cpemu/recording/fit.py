@@ -17,12 +17,13 @@ import click
 import numpy as np
 
 from cpemu import reference as ref
+from cpemu.call import Order
 from cpemu.cases import Case, operands
 from cpemu.formats import FP8_FORMATS, encode_output
 from cpemu.instruction import INSTRUCTIONS
 from cpemu.schedule import Plan, slices_for
 
-ORDERS = ("acc*(sa*sb)", "(acc*sa)*sb", "(acc*sb)*sa")
+ORDERS = tuple(o.value for o in Order)
 
 
 def fit_case(rec, bits, model, splits_list, granularities, promotions, rows, cols):
