@@ -7,7 +7,11 @@ interrupted run resumes where it stopped):
 2. truth: torch._scaled_mm outputs for the designed suites (cpemu/cases.py, ``OUT/raw/truth``);
 3. split-K: cuBLASLt's heuristic answers, asked as torch asks, over a grid (rule derivation),
    held-out random shapes (rule check) and the truth shapes;
-4. the split-K rule and its table (``OUT/profile/<name>.splitk.json``);
+4. the split-K laws checked on every answer, and the point table of the shapes they leave open
+   (``OUT/profile/<name>.splitk.json``);
+4b. with ``complete_seconds``: the complete record of those shapes (:mod:`.splitk_enum`, in
+   ``OUT/raw/splitk_complete``, resumed by every rerun) and its table
+   (``OUT/profile/<name>.splitk-complete.npz``);
 5. the truth folder with its manifest (``OUT/truth``);
 6. the profile (``OUT/profile/<name>.json``), starting from a base profile's instruction
    model and schedule; every recording is then checked with the emulator: when all match,
@@ -40,9 +44,23 @@ def _profile_name(prov: dict, base: Profile) -> str:
     return f"{base.data['arch']}-{dev or 'gpu'}-torch"
 
 
+def _complete_table(raw, prof_dir, name, bound, seconds, jobs, prov, echo) -> str:
+    """Run (or continue) the complete split-K record for ``seconds``, then merge what is finished."""
+    from . import splitk_enum
+
+    rec = os.path.join(raw, "splitk_complete")
+    st = splitk_enum.run_parallel(rec, splitk_enum.default_plan(bound=bound), jobs, seconds,
+                                  workspace_bytes=bound["workspace_bytes"], echo=echo)
+    complete_file = f"{name}.splitk-complete.npz"
+    sizes = splitk_enum.merge(rec, os.path.join(prof_dir, complete_file),
+                              provenance={k: prov.get(k) for k in ("gpu", "driver", "torch", "cublaslt")})
+    echo(f"[record] complete split-K record: {st['pairs_done']}/{st['pairs_total']} (M, N) pairs; table {sizes}")
+    return complete_file
+
+
 def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | None = None,
            suites=SUITES, heldout: int = 3000, grids=("wide", "dense-splitk"), echo=print, progress=None,
-           jobs: int = 1) -> dict:
+           jobs: int = 1, complete_seconds: float | None = None) -> dict:
     """Run every step; returns the report (also written to OUT/report.json)."""
     from . import splitk_rule, splitk_table, truth_recorder
     from .import_truth import build_truth_folder
@@ -84,9 +102,14 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
         echo(f"[record] {fname}: {len(doc['shapes'])} shapes x {len(doc['combos'])} option combinations")
 
     table_file = f"{name}.splitk.json"
+    with open(os.path.join(raw, "splitk_grid.json")) as f:
+        bound = dict(splitk_rule.BOUND, workspace_bytes=json.load(f)["workspace_bytes"])
     rule = splitk_rule.build([os.path.join(raw, "splitk_grid.json")],
                              [os.path.join(raw, "splitk_heldout.json"), os.path.join(raw, "splitk_truth.json")],
-                             None, os.path.join(prof_dir, table_file), echo=echo)
+                             os.path.join(prof_dir, table_file), bound=bound, echo=echo)
+    params = {"bound": bound, "table_file": table_file}
+    if complete_seconds:
+        params["complete_file"] = _complete_table(raw, prof_dir, name, bound, complete_seconds, jobs, prov, echo)
     truth_dir = os.path.join(out_dir, "truth")
     summary = build_truth_folder([raw_truth], [os.path.join(raw, "splitk_truth.json")], name, truth_dir)
 
@@ -103,10 +126,9 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
     tw["split_k"] = {"kind": "rule", "granularity": 128,
                      "domain": {"M": [1, 16384], "N": [16, 16384], "K": [16, 16384],
                                 "extra_NK": [list(nk) for nk in extra]},
-                     "params": {"k_max_nosplit": rule["k_max_nosplit"], "mn_min_nosplit": rule["mn_min_nosplit"],
-                                "table_file": table_file},
-                     "source": "cuBLASLt heuristic (cpemu record), thresholds derived from the grid and checked on "
-                               "held-out random shapes"}
+                     "params": params,
+                     "source": "cuBLASLt heuristic (cpemu record): the split bound and no-split laws checked on the "
+                               "grid, held-out random shapes and the truth shapes; open shapes from the recorded tables"}
     if "rowwise" in data["modes"]:
         data["modes"]["rowwise"]["split_k"] = {"kind": "none", "domain": tw["split_k"]["domain"],
                                                "source": "assumed as on the base profile; see the report"}
