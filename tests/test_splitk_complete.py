@@ -127,9 +127,7 @@ def test_complete_table_is_the_record(record):
             for key, r in zip(keys, runs):
                 want = np.repeat(r[1::2], np.diff([0] + r[0::2]))
                 want = local[want] if (want >= 0).all() else None
-                off, end, cfg = table.runs[table.combo[key]]
-                lo, hi = off[p], off[p + 1]
-                got = table.configs[np.repeat(cfg[lo:hi], np.diff(np.concatenate(([0], end[lo:hi]))))]
+                got = table.configs[table.column(p, table.combo[key])]
                 assert want is not None and got.shape == (nk, len(table.meta["fields"]))
                 assert (got == want).all(), (M, N, key)
             pairs += 1
@@ -248,3 +246,37 @@ def test_splitk_imports_no_schedule():
     from cpemu import schedule
 
     assert schedule.UnsupportedShape is cpemu.UnsupportedShape is cpemu.splitk.UnsupportedShape
+
+
+def test_record_writes_the_laws_into_a_profile(tmp_path):
+    """cpemu record's split-K step (no GPU needed past the recorded answers): the laws checked, the
+    point table written, and the profile it builds answers as the recorded heuristic did."""
+    import gzip
+    import shutil
+
+    from cpemu.profile import Profile
+    from cpemu.recording.record import _set_split_k, _split_k_tables
+
+    raw, prof = tmp_path / "raw", tmp_path / "profile"
+    raw.mkdir()
+    prof.mkdir()
+    for src, dst in (("heur_truth", "splitk_grid"), ("heur_splitk2", "splitk_heldout"), ("splitk_evo2", "splitk_truth")):
+        with gzip.open(os.path.join(DATA, f"{src}.json.gz")) as f, open(raw / f"{dst}.json", "wb") as g:
+            shutil.copyfileobj(f, g)
+    name = "hopper-test-torch"
+    rule, params = _split_k_tables(str(raw), str(prof), name, None, 1, {}, lambda *_: None)
+    assert params["bound"] == BOUND and sum(c["queries"] for c in rule["checks"].values()) == 68892
+    data = json.loads(json.dumps(PROFILE.data))
+    data["name"] = name
+    _set_split_k(data, params, ("splitk2",))
+    with open(prof / f"{name}.json", "w") as f:
+        json.dump(data, f)
+    p = Profile.from_file(str(prof / f"{name}.json"))
+    n = 0
+    for c, M, N, K, ch in rows_of(os.path.join(DATA, "heur_splitk2.json.gz")):
+        assert p.plan(M, N, K, c["fast_accum"], c["scale_mode"], c["a_dtype"], c["b_dtype"],
+                      c["out_dtype"]).splits == _slices(K, int(ch, 36))
+        n += 1
+    assert n == 56
+    with pytest.raises(UnsupportedShape, match="not in the profile's recorded tables"):
+        p.plan(3, 48, 9008, True)

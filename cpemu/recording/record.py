@@ -44,6 +44,37 @@ def _profile_name(prov: dict, base: Profile) -> str:
     return f"{base.data['arch']}-{dev or 'gpu'}-torch"
 
 
+def _split_k_tables(raw, prof_dir, name, complete_seconds, jobs, prov, echo) -> tuple[dict, dict]:
+    """Check the split-K laws on the recorded answers and write the tables; (report, profile params).
+
+    The laws include "rowwise never splits": a GPU whose heuristic splits rowwise calls stops here."""
+    from . import splitk_rule
+
+    table_file = f"{name}.splitk.json"
+    with open(os.path.join(raw, "splitk_grid.json")) as f:
+        bound = dict(splitk_rule.BOUND, workspace_bytes=json.load(f)["workspace_bytes"])
+    rule = splitk_rule.build([os.path.join(raw, "splitk_grid.json")],
+                             [os.path.join(raw, "splitk_heldout.json"), os.path.join(raw, "splitk_truth.json")],
+                             os.path.join(prof_dir, table_file), bound=bound, echo=echo)
+    params = {"bound": bound, "table_file": table_file}
+    if complete_seconds:
+        params["complete_file"] = _complete_table(raw, prof_dir, name, bound, complete_seconds, jobs, prov, echo)
+    return rule, params
+
+
+def _set_split_k(data: dict, params: dict, suites) -> None:
+    """The new profile's split_k sections: the laws and tables for tensorwise, none for rowwise."""
+    extra = sorted({(c.N, c.K) for s in suites for c in suite(s) if c.N > 16384 or c.K > 16384})
+    domain = {"M": [1, 16384], "N": [16, 16384], "K": [16, 16384], "extra_NK": [list(nk) for nk in extra]}
+    data["modes"]["tensorwise"]["split_k"] = {
+        "kind": "rule", "granularity": 128, "domain": domain, "params": params,
+        "source": "cuBLASLt heuristic (cpemu record): the split bound and no-split laws checked on the grid, "
+                  "held-out random shapes and the truth shapes; open shapes from the recorded tables"}
+    if "rowwise" in data["modes"]:
+        data["modes"]["rowwise"]["split_k"] = {"kind": "none", "domain": domain,
+                                               "source": "never split in the recorded answers (cpemu record)"}
+
+
 def _complete_table(raw, prof_dir, name, bound, seconds, jobs, prov, echo) -> str:
     """Run (or continue) the complete split-K record for ``seconds``, then merge what is finished."""
     from . import splitk_enum
@@ -62,7 +93,7 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
            suites=SUITES, heldout: int = 3000, grids=("wide", "dense-splitk"), echo=print, progress=None,
            jobs: int = 1, complete_seconds: float | None = None) -> dict:
     """Run every step; returns the report (also written to OUT/report.json)."""
-    from . import splitk_rule, splitk_table, truth_recorder
+    from . import splitk_table, truth_recorder
     from .import_truth import build_truth_folder
 
     raw = os.path.join(out_dir, "raw")
@@ -101,15 +132,7 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
         _write_json(fpath, doc)
         echo(f"[record] {fname}: {len(doc['shapes'])} shapes x {len(doc['combos'])} option combinations")
 
-    table_file = f"{name}.splitk.json"
-    with open(os.path.join(raw, "splitk_grid.json")) as f:
-        bound = dict(splitk_rule.BOUND, workspace_bytes=json.load(f)["workspace_bytes"])
-    rule = splitk_rule.build([os.path.join(raw, "splitk_grid.json")],
-                             [os.path.join(raw, "splitk_heldout.json"), os.path.join(raw, "splitk_truth.json")],
-                             os.path.join(prof_dir, table_file), bound=bound, echo=echo)
-    params = {"bound": bound, "table_file": table_file}
-    if complete_seconds:
-        params["complete_file"] = _complete_table(raw, prof_dir, name, bound, complete_seconds, jobs, prov, echo)
+    rule, params = _split_k_tables(raw, prof_dir, name, complete_seconds, jobs, prov, echo)
     truth_dir = os.path.join(out_dir, "truth")
     summary = build_truth_folder([raw_truth], [os.path.join(raw, "splitk_truth.json")], name, truth_dir)
 
@@ -121,21 +144,7 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
                           "cublaslt": prov["cublaslt"].get("version"),
                           "recorded": datetime.date.today().isoformat(), "recorded_with": "cpemu record",
                           "instruction_model": base.data["instruction"]["source"]}
-    tw = data["modes"]["tensorwise"]
-    extra = sorted({(c.N, c.K) for s in suites for c in suite(s) if c.N > 16384 or c.K > 16384})
-    tw["split_k"] = {"kind": "rule", "granularity": 128,
-                     "domain": {"M": [1, 16384], "N": [16, 16384], "K": [16, 16384],
-                                "extra_NK": [list(nk) for nk in extra]},
-                     "params": params,
-                     "source": "cuBLASLt heuristic (cpemu record): the split bound and no-split laws checked on the "
-                               "grid, held-out random shapes and the truth shapes; open shapes from the recorded tables"}
-    if "rowwise" in data["modes"]:
-        data["modes"]["rowwise"]["split_k"] = {"kind": "none", "domain": tw["split_k"]["domain"],
-                                               "source": "assumed as on the base profile; see the report"}
-    rowwise_split = any(ch not in "1x" for c, M, N, K, ch in splitk_rule.rows_of(os.path.join(raw, "splitk_grid.json"))
-                        if c["scale_mode"] == "rowwise")
-    if rowwise_split:
-        data["modes"].pop("rowwise", None)  # the heuristic splits rowwise calls here: not modelled, refused
+    _set_split_k(data, params, suites)
 
     report = {"profile": name, "truth": summary, "split_k_rule": rule}
     candidates = [None] + [(p, o) for p in (4, 8, 2) for o in ("acc*(sa*sb)", "(acc*sa)*sb", "(acc*sb)*sa")]

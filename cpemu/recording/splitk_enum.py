@@ -160,8 +160,8 @@ def status(rec: str) -> dict:
 def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: bool = False) -> dict:
     """Every finished pair of every part file into one complete table (:func:`cpemu.splitk_complete.write_table`).
 
-    ``splits_only`` keeps only the split count of each configuration (fewer, longer runs); the
-    part files keep the whole configuration either way."""
+    ``splits_only`` keeps only the split count of each configuration (fewer runs); the part files
+    keep the whole configuration either way."""
     with open(os.path.join(rec, "plan.json")) as f:
         plan = json.load(f)
     keys = [combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"]) for c in plan["combos"]]
@@ -178,22 +178,10 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
                 configs.append(cfg)
             to_global[i] = index[cfg]
         for mn, runs in done.items():
-            pairs[mn] = {k: _merge_runs([to_global[v] if i % 2 else v for i, v in enumerate(r)])
-                         for k, r in zip(keys, runs)}
+            pairs[mn] = {k: [to_global[v] if i % 2 else v for i, v in enumerate(r)] for k, r in zip(keys, runs)}
     meta = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
             "fields": fields, "bound": plan["bound"], "n_max": plan["n_max"], "provenance": provenance or {}}
     return write_table(out_path, meta, pairs, configs)
-
-
-def _merge_runs(runs: list[int]) -> list[int]:
-    """Joins neighbouring runs that got the same id."""
-    out = []
-    for end, v in zip(runs[::2], runs[1::2]):
-        if out and out[-1] == v:
-            out[-2] = end
-        else:
-            out += [end, v]
-    return out
 
 
 def _start(rec: str, plan: dict) -> None:
