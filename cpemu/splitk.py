@@ -11,8 +11,8 @@ A profile's ``split_k`` section says, from recorded cuBLASLt heuristic answers:
   :mod:`cpemu.splitk_complete`), else from the point table (``params["table_file"]``),
   else the shape is refused with :class:`UnsupportedShape`: cpemu does not guess.
 
-The laws, their support and their violation counts are in the profile's ``source`` and
-``tools/splitk_laws.py`` checks them against every recorded answer.
+The laws' support and violation counts are in the profile's ``source``;
+:mod:`cpemu.recording.splitk_rule` counts them on recorded answers (tools/build_splitk_rule.py).
 """
 
 from __future__ import annotations
