@@ -180,8 +180,8 @@ def _small_plan():
 
 
 def test_enumerator_resumes_and_merges(tmp_path):
-    """Workers stopped part-way (and one cut inside a line) continue where they stopped; the merged
-    table answers every open shape as the heuristic did."""
+    """Workers stopped part-way (and one cut inside a line) continue where they stopped, here with
+    another number of workers; the merged table answers every open shape as the heuristic did."""
     rec = str(tmp_path / "rec")
     plan = _small_plan()
     se._start(rec, plan)
@@ -199,10 +199,11 @@ def test_enumerator_resumes_and_merges(tmp_path):
         f.write('{"M": 99, "N": 16, "runs": [[3')  # interrupted mid-line
     assert se.status(rec)["pairs_done"] == 6
     first = len(asked)
-    done = sum(se.run_worker(rec, w, 3, ask) for w in range(3))
+    assert se.run_worker(rec, 1, 3, ask, max_pairs=1) == 1  # the cut line is dropped, its worker goes on
+    done = 1 + sum(se.run_worker(rec, w, 2, ask) for w in range(2))
     assert done == len(pairs) - 6
     assert len(asked) - first == done * len(se.k_grid(plan)) * len(plan["combos"])  # nothing asked twice
-    assert sum(se.run_worker(rec, w, 3, ask) for w in range(3)) == 0
+    assert sum(se.run_worker(rec, w, W, ask) for W in (2, 3) for w in range(W)) == 0
     st = se.status(rec)
     assert st["pairs_done"] == st["pairs_total"] == len(pairs)
     out = str(tmp_path / "t.npz")

@@ -14,8 +14,11 @@ for every combination.
 ``run`` writes ``REC/plan.json`` on the first call; worker ``w`` of ``W`` takes the pairs
 ``w, w + W, ...`` and appends one line per finished pair to ``REC/part-<w>-of-<W>.jsonl``
 (configurations first seen get their own line). Running again continues where each worker
-stopped (a line cut off by an interruption is dropped and its pair asked again). ``merge``
-reads every part file and writes the shipped table (:mod:`cpemu.splitk_complete`).
+stopped (a line cut off by an interruption is dropped and its pair asked again), with the same
+or another number of workers (pairs in any part file are skipped). One worker per CPU core: on
+the H200 host one process answered about 3,000 queries/s and 16 processes on 16 cores 48,270/s.
+``merge`` reads every part file and writes the shipped table
+(:mod:`cpemu.splitk_complete`).
 """
 
 from __future__ import annotations
@@ -99,14 +102,17 @@ def _runs(ids: list[int]) -> list[int]:
 
 
 def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max_pairs: int | None = None) -> int:
-    """Worker ``w`` of ``W``: ask ``ask(M, N, K, combo) -> FIELDS tuple | None`` for its unfinished
-    pairs, appending each finished pair; stops at ``deadline`` (time.time()) or after ``max_pairs``.
-    Returns the number of pairs finished in this call."""
+    """Worker ``w`` of ``W``: ask ``ask(M, N, K, combo) -> FIELDS tuple | None`` for the pairs
+    ``w, w + W, ...`` that no part file holds yet, appending each finished pair to its own file;
+    stops at ``deadline`` (time.time()) or after ``max_pairs``. Returns the pairs finished."""
     with open(os.path.join(rec, "plan.json")) as f:
         plan = json.load(f)
     path = _part_path(rec, w, W)
     configs, done = read_part(path)
     _truncate_to_complete_lines(path)
+    for other in _parts(rec):  # pairs finished by an earlier run with another number of workers
+        if other != path and not other.endswith(f"-of-{W:03d}.jsonl"):
+            done.update(read_part(other)[1])
     ids = {c: i for i, c in configs.items()}
     ks = k_grid(plan)
     n = 0
@@ -151,7 +157,7 @@ def status(rec: str) -> dict:
     with open(os.path.join(rec, "plan.json")) as f:
         plan = json.load(f)
     total = len(open_pairs(plan))
-    done = sum(len(read_part(p)[1]) for p in _parts(rec))
+    done = len(set().union(*(read_part(p)[1] for p in _parts(rec))))
     per_pair = len(k_grid(plan)) * len(plan["combos"])
     return {"pairs_total": total, "pairs_done": done, "queries_per_pair": per_pair,
             "queries_total": total * per_pair, "queries_done": done * per_pair}
@@ -211,9 +217,6 @@ def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_byte
     from .splitk_query import probe_workspace
 
     _start(rec, plan)
-    have = sorted({os.path.basename(p).split("-of-")[1] for p in _parts(rec)})
-    if have and have != [f"{jobs:03d}.jsonl"]:
-        raise click.ClickException(f"{rec} was recorded with {have[0][:3].lstrip('0')} jobs; continue with that --jobs")
     if workspace_bytes is None:
         workspace_bytes, src = probe_workspace()
         echo(f"[splitk-enum] workspace {workspace_bytes} bytes ({src})")
