@@ -7,9 +7,11 @@ A profile's ``split_k`` section says, from recorded cuBLASLt heuristic answers:
   ``u = min(ceil(K / k_per_split) - 1, floor((workspace - reserve) / (4 * M * ceil32(N))))``:
   the K bound and the workspace bound (the FP32 partials of ``s`` slices must fit torch's
   cuBLASLt workspace). Where ``u <= 1`` nothing splits. Elsewhere the answer is read from
-  the complete table (``params["complete_file"]``, every K of a recorded (M, N) pair, see
-  :mod:`cpemu.splitk_complete`), else from the point table (``params["table_file"]``),
-  else the shape is refused with :class:`UnsupportedShape`: cpemu does not guess.
+  the point table (``params["table_file"]``), else from the complete table
+  (``params["complete_file"]``, every K of a recorded (M, N) pair, see
+  :mod:`cpemu.splitk_complete`), else the shape is refused with :class:`UnsupportedShape`:
+  cpemu does not guess. A complete-table answer is used only up to the split count verified
+  for its tile (``params["verified_splits"]``).
 
 The laws' support and violation counts are in the profile's ``source``;
 :mod:`cpemu.recording.splitk_rule` counts them on recorded answers (tools/build_splitk_rule.py).
@@ -72,6 +74,22 @@ def _from_points(params: dict, M: int, N: int, K: int, key: str, base_dir) -> st
     return doc["tables"].get(key, "")[i] if i is not None and key in doc["tables"] else "?"
 
 
+def _verified(params: dict, config: dict, M: int, N: int, K: int, key: str) -> int:
+    """The split count of a recorded configuration, where cpemu's slicing was checked for its tile.
+
+    ``params["verified_splits"]`` maps a tile id to the largest split count whose outputs were
+    reproduced bit for bit on the GPU with that tile; larger counts are refused."""
+    s = config["splitk_num"]
+    if s <= 1 or "verified_splits" not in params:
+        return s
+    top = params["verified_splits"].get(str(config.get("tile_id")), 1)
+    if s > top:
+        raise UnsupportedShape(
+            f"cuBLASLt splits K into {s} slices for M={M}, N={N}, K={K} ({key}) with tile id {config.get('tile_id')}; "
+            f"cpemu's slicing was checked against GPU outputs with this tile only up to {top} slices")
+    return s
+
+
 def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, combo: tuple,
                      base_dir: str | None = None) -> int:
     u = split_bound(params["bound"], M, N, K)
@@ -79,12 +97,12 @@ def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, com
         return 1
     a_format, b_format, out_dtype = combo
     key = combo_key(a_format, b_format, out_dtype, fast_accum)
-    s = None
-    if "complete_file" in params:
+    ch = _from_points(params, M, N, K, key, base_dir)
+    s = "x" if ch == "x" else (None if ch == "?" else int(ch, 36))
+    if s is None and "complete_file" in params:
         s = lookup(params["complete_file"], base_dir, M, N, K, key)
-    if s is None:
-        ch = _from_points(params, M, N, K, key, base_dir)
-        s = "x" if ch == "x" else (None if ch == "?" else int(ch, 36))
+        if isinstance(s, dict):
+            s = _verified(params, s, M, N, K, key)
     if s is None:
         raise UnsupportedShape(
             f"cuBLASLt may split K for M={M}, N={N}, K={K} ({key}): up to {u} slices fit the K and workspace "

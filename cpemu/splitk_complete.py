@@ -146,8 +146,9 @@ def load_complete(name: str, base_dir: str | None = None) -> _Table:
 
 
 def lookup(name: str, base_dir: str | None, M: int, N: int, K: int, key: str):
-    """The split count from the complete table, ``"x"`` (no algorithm) or None (not recorded)."""
-    row = load_complete(name, base_dir).config(M, N, K, key)
+    """The configuration from the complete table as {field: value}, ``"x"`` (no algorithm) or None (not recorded)."""
+    table = load_complete(name, base_dir)
+    row = table.config(M, N, K, key)
     if row is None or isinstance(row, str):
         return row
-    return int(row[load_complete(name, base_dir).split_col])
+    return dict(zip(table.meta["fields"], (int(v) for v in row)))
