@@ -525,8 +525,11 @@ def verify(truth_dir, profile_spec, backend, show, as_json, jobs):
 @click.option("--name", default=None, help="Profile name (arch-device-torch); derived from the GPU by default.")
 @click.option("--suite", "suites", multiple=True, help="Truth suites to record (default: all).")
 @click.option("--heldout", default=3000, show_default=True, help="Random held-out shapes per sample for the split-K check.")
-@click.option("--jobs", default=os.cpu_count() or 1, show_default=True, help="Processes for the final verification.")
-def record(out_dir, base_profile, name, suites, heldout, jobs):
+@click.option("--jobs", default=os.cpu_count() or 1, show_default=True,
+              help="Processes for the final verification and the complete split-K record.")
+@click.option("--complete-splitk", "complete_seconds", type=float, default=None,
+              help="Also record the complete split-K table for this many seconds (a rerun continues it).")
+def record(out_dir, base_profile, name, suites, heldout, jobs, complete_seconds):
     """Record this GPU's torch._scaled_mm numerics into a new profile and truth folder.
 
     Needs an NVIDIA GPU and torch. Writes OUT/profile/<name>.json (+ its split-K table),
@@ -556,10 +559,11 @@ def record(out_dir, base_profile, name, suites, heldout, jobs):
         raise click.ClickException("cpemu record needs torch with CUDA: pip install torch") from e
     with _clean_errors():
         rep = run_record(out_dir, base_profile, name, tuple(suites) or SUITES, heldout,
-                         echo=lambda m: click.echo(m, err=True), progress=progress, jobs=jobs)
+                         echo=lambda m: click.echo(m, err=True), progress=progress, jobs=jobs,
+                         complete_seconds=complete_seconds)
     click.echo(f"profile {rep['profile']}: {rep['status']}; truth {rep['truth']['cases']} calls "
-               f"({rep['truth']['rejected']} rejected by torch); split-K thresholds K <= "
-               f"{rep['split_k_rule']['k_max_nosplit']}, M*N >= {rep['split_k_rule']['mn_min_nosplit']}")
+               f"({rep['truth']['rejected']} rejected by torch); split-K laws hold on "
+               f"{sum(c['queries'] for c in rep['split_k_rule']['checks'].values())} heuristic answers")
     for a in rep.get("attempts", []):
         click.echo(f"  schedule {a['candidate'] or 'of the base profile'}: {a['status']}")
     click.echo(f"report: {os.path.join(out_dir, 'report.json')}")

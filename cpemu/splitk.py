@@ -1,54 +1,145 @@
 """Split-K rules: how many K slices the GPU library's heuristic picks for a call.
 
-A profile's ``split_k`` section (``kind: "rule"``) says, from recorded cuBLASLt
-heuristic answers (``tools/splitk_table.py``, ``tools/build_splitk_rule.py``):
+A profile's ``split_k`` section says, from recorded cuBLASLt heuristic answers:
 
-* no split when ``K <= k_max_nosplit`` or ``M*N >= mn_min_nosplit`` (predicates checked
-  with zero violations on the recorded and held-out queries listed in the table file's
-  ``rule.checks``);
-* otherwise the recorded answer for exactly this shape and option combination
-  ``a_format,b_format,out_dtype,fast|promo`` from the table file;
-* otherwise :class:`~cpemu.schedule.UnsupportedShape`: cpemu does not guess.
+* ``kind: "none"``: the library never splits K (within ``domain``);
+* ``kind: "rule"``: the laws in ``params["bound"]`` first. The split count ``s`` never exceeds
+  ``u = min(ceil(K / k_per_split) - 1, floor((workspace - reserve) / (4 * M * ceil32(N))))``:
+  the K bound and the workspace bound (the FP32 partials of ``s`` slices must fit torch's
+  cuBLASLt workspace). Where ``u <= 1`` nothing splits. Elsewhere the answer is read from
+  the point table (``params["table_file"]``), else from the complete table
+  (``params["complete_file"]``, every K of a recorded (M, N) pair, see
+  :mod:`cpemu.splitk_complete`), else the shape is refused with :class:`UnsupportedShape`:
+  cpemu does not guess. A complete-table answer is used only up to the split count verified
+  for its tile (``params["verified_splits"]``).
+
+The laws' support and violation counts are in the profile's ``source``;
+:mod:`cpemu.recording.splitk_rule` counts them on recorded answers (tools/build_splitk_rule.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-from .schedule import UnsupportedShape
+from .splitk_complete import lookup
 
-__all__ = ["splits_from_rule", "load_table"]
+__all__ = ["UnsupportedShape", "SplitKRule", "split_bound", "splits_from_rule", "load_table", "combo_key"]
+
+
+class UnsupportedShape(ValueError):
+    """The profile cannot say which schedule its GPU library uses for this shape."""
+
+
+def _ceil_to(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def split_bound(bound: dict, M: int, N: int, K: int) -> int:
+    """The largest split count the library can pick for (M, N, K): ``min(K bound, workspace bound)``."""
+    k_bound = -(-K // bound["k_per_split"]) - 1
+    per_split = bound["bytes_per_partial"] * M * _ceil_to(N, bound["n_align"])
+    return min(k_bound, (bound["workspace_bytes"] - bound["workspace_reserve"]) // per_split)
+
+
+def combo_key(a_format: str, b_format: str, out_dtype: str, fast_accum: bool) -> str:
+    """The key of an option combination in the split-K tables: ``a,b,out,fast|promo``."""
+    return f"{a_format},{b_format},{out_dtype},{'fast' if fast_accum else 'promo'}"
+
+
+def _read_text(name: str, base_dir: str | None) -> str:
+    if base_dir is None:
+        return resources.files("cpemu.profile_data").joinpath(name).read_text()
+    with open(os.path.join(base_dir, name)) as f:
+        return f.read()
 
 
 @lru_cache(maxsize=None)
 def load_table(name: str, base_dir: str | None = None):
-    if base_dir is None:
-        text = resources.files("cpemu.profile_data").joinpath(name).read_text()
-    else:
-        with open(os.path.join(base_dir, name)) as f:
-            text = f.read()
-    doc = json.loads(text)
+    """The point table: answers for single shapes, one character per shape and combination."""
+    doc = json.loads(_read_text(name, base_dir))
     index = {tuple(s): i for i, s in enumerate(doc["shapes"])}
     return doc, index
 
 
+def _from_points(params: dict, M: int, N: int, K: int, key: str, base_dir) -> str:
+    """The point table's character for the shape: a split count in base 36, ``x`` or ``?``."""
+    if "table_file" not in params:
+        return "?"
+    doc, index = load_table(params["table_file"], base_dir)
+    i = index.get((M, N, K))
+    return doc["tables"].get(key, "")[i] if i is not None and key in doc["tables"] else "?"
+
+
+def _verified(params: dict, config: dict, M: int, N: int, K: int, key: str) -> int:
+    """The split count of a recorded configuration, where cpemu's slicing was checked for its tile.
+
+    ``params["verified_splits"]`` maps a tile id to the largest split count whose outputs were
+    reproduced bit for bit on the GPU with that tile; larger counts are refused."""
+    s = config["splitk_num"]
+    if s <= 1 or "verified_splits" not in params:
+        return s
+    top = params["verified_splits"].get(str(config.get("tile_id")), 1)
+    if s > top:
+        raise UnsupportedShape(
+            f"cuBLASLt splits K into {s} slices for M={M}, N={N}, K={K} ({key}) with tile id {config.get('tile_id')}; "
+            f"cpemu's slicing was checked against GPU outputs with this tile only up to {top} slices")
+    return s
+
+
 def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, combo: tuple,
                      base_dir: str | None = None) -> int:
-    if K <= params["k_max_nosplit"] or M * N >= params["mn_min_nosplit"]:
+    u = split_bound(params["bound"], M, N, K)
+    if u <= 1:
         return 1
-    doc, index = load_table(params["table_file"], base_dir)
     a_format, b_format, out_dtype = combo
-    key = f"{a_format},{b_format},{out_dtype},{'fast' if fast_accum else 'promo'}"
-    i = index.get((M, N, K))
-    ch = doc["tables"].get(key, "")[i] if i is not None and key in doc["tables"] else "?"
-    if ch == "?":
+    key = combo_key(a_format, b_format, out_dtype, fast_accum)
+    ch = _from_points(params, M, N, K, key, base_dir)
+    s = "x" if ch == "x" else (None if ch == "?" else int(ch, 36))
+    if s is None and "complete_file" in params:
+        s = lookup(params["complete_file"], base_dir, M, N, K, key)
+        if isinstance(s, dict):
+            s = _verified(params, s, M, N, K, key)
+    if s is None:
         raise UnsupportedShape(
-            f"cuBLASLt may split K for M={M}, N={N}, K={K} ({key}): K > {params['k_max_nosplit']} and "
-            f"M*N < {params['mn_min_nosplit']}, and this shape's split-K count is not in the profile's "
-            f"recorded table; record it on the GPU with tools/splitk_table.py (cpemu does not guess)")
-    if ch == "x":
+            f"cuBLASLt may split K for M={M}, N={N}, K={K} ({key}): up to {u} slices fit the K and workspace "
+            f"bounds, and this shape's split-K count is not in the profile's recorded tables; record it on the "
+            f"GPU with python -m cpemu.recording.splitk_enum (cpemu does not guess)")
+    if s == "x":
         raise UnsupportedShape(f"cuBLASLt has no algorithm for M={M}, N={N}, K={K} ({key}); torch raises here")
-    return int(ch, 36)
+    return s
+
+
+@dataclass(frozen=True)
+class SplitKRule:
+    """Which split-K count the library picks, as recorded in a profile.
+
+    ``kind``:
+      * ``"none"``  -- never splits (recorded so, or profiles whose library schedule was not
+        recorded: the emulator then models an unsplit CUTLASS-style kernel and says so);
+      * ``"rule"``  -- the laws and tables of the profile (see :func:`splits_from_rule`).
+    Shapes outside ``domain`` are refused.
+    """
+
+    kind: str
+    granularity: int = 128
+    domain: dict | None = None  # {"M": [lo, hi], "N": [lo, hi], "K": [lo, hi], "extra_NK": [[N, K], ...]}
+    params: dict | None = None
+    base_dir: str | None = None  # where the params' table files lie; None: the shipped profiles
+
+    def splits(self, M: int, N: int, K: int, fast_accum: bool, combo: tuple = ("e4m3", "e4m3", "bfloat16")) -> int:
+        """Number of split-K slices; ``combo`` is (a_format, b_format, out_dtype)."""
+        dom = self.domain or {}
+        extra = [tuple(x) for x in dom.get("extra_NK", ())]
+        for ax, v in (("M", M), ("N", N), ("K", K)):
+            lo, hi = dom.get(ax, (1, 1 << 62))
+            if not lo <= v <= hi and not (ax in "NK" and (N, K) in extra):
+                raise UnsupportedShape(
+                    f"{ax}={v} is outside the range {lo}..{hi} for which this profile's split-K "
+                    f"choice was recorded; the GPU library's schedule there is unknown")
+        if self.kind == "none":
+            return 1
+        return splits_from_rule(self.params or {}, M, N, K, fast_accum, combo, self.base_dir)

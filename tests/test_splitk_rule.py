@@ -1,9 +1,10 @@
 """The hopper-h200-torch split-K rule against cuBLASLt's own answers recorded on the H200.
 
 tests/data/h200-splitk holds the heuristic's top-1 answers (tools/splitk_table.py and
-tools/cublaslt_heuristic.py, configured as torch 2.11 configures cuBLASLt): a grid the
-rule's thresholds were derived from, and held-out random shapes that were not used to
-derive them.
+tools/cublaslt_heuristic.py, configured as torch 2.11 configures cuBLASLt): a grid, held-out
+random shapes, and the point table's sources. The laws (the split bound, no split where it
+is <= 1, rowwise never splits) are checked on them here; tests/test_splitk_complete.py checks
+the dense samples and the complete record.
 """
 
 import glob
@@ -14,6 +15,7 @@ import pytest
 
 import cpemu
 from cpemu.schedule import UnsupportedShape
+from cpemu.splitk import split_bound
 
 from cpemu.recording.splitk_rule import rows_of
 
@@ -49,14 +51,14 @@ def test_profile_agrees_with_recorded_heuristic(path):
 
 
 def test_held_out_predicates():
-    """Outside the table, the rule answers 1 by its thresholds: never wrong on held-out shapes."""
-    params = PROFILE.data["modes"]["tensorwise"]["split_k"]["params"]
+    """Outside the tables, the laws answer 1 (bound <= 1, or rowwise): never wrong on held-out shapes."""
+    bound = PROFILE.data["modes"]["tensorwise"]["split_k"]["params"]["bound"]
     checked = 0
     for path in FILES:
         if "heldout" not in path:
             continue
         for c, M, N, K, ch in rows_of(path):
-            if c["scale_mode"] == "rowwise" or K <= params["k_max_nosplit"] or M * N >= params["mn_min_nosplit"]:
+            if c["scale_mode"] == "rowwise" or split_bound(bound, M, N, K) <= 1:
                 assert ch in "1x", (c, M, N, K, ch)
                 checked += 1
     assert checked > 100000
@@ -66,34 +68,42 @@ def test_unrecorded_split_region_is_refused():
     with pytest.raises(UnsupportedShape, match="not in the profile's recorded table"):
         PROFILE.plan(3, 48, 9008, True)
     with pytest.raises(UnsupportedShape, match="outside the range"):
-        PROFILE.plan(16, 64, 16400, True)
+        PROFILE.plan(16, 64, 131088, True)
     assert PROFILE.plan(16, 24576, 8192, True).splits == 1  # Evo 2 40B projection
 
 
 def test_rule_derivation_reproduces_the_profile(tmp_path):
-    """Deriving the rule again from the recorded grid gives the profile's thresholds, and the
-    table it writes agrees with the shipped table wherever both have an answer."""
+    """Checking the laws again on the committed answers finds no violation, and the point table it
+    writes is the shipped one, shape for shape and character for character."""
     import json
+    from importlib import resources
 
     from cpemu.recording.splitk_rule import build
 
     grid = os.path.join(DATA, "splitk_grid.json.gz")
-    held = [f for f in FILES if "heldout" in f]
     out = tmp_path / "t.splitk.json"
-    report = build([grid], held, None, str(out), echo=lambda *_: None)
     params = PROFILE.data["modes"]["tensorwise"]["split_k"]["params"]
-    assert (report["k_max_nosplit"], report["mn_min_nosplit"]) == (params["k_max_nosplit"], params["mn_min_nosplit"])
+    report = build([grid], [f for f in FILES if f != grid], str(out), bound=params["bound"], echo=lambda *_: None)
     assert all(not c["violations"] for c in report["checks"].values())
+    assert sum(c["support"].get("no-split", 0) for c in report["checks"].values()) > 700000
     new = json.loads(out.read_text())
-    from importlib import resources
-
     ship = json.loads(resources.files("cpemu.profile_data").joinpath(params["table_file"]).read_text())
-    idx = {tuple(s): i for i, s in enumerate(ship["shapes"])}
-    agree = 0
-    for key, row in new["tables"].items():
-        for s, ch in zip(new["shapes"], row):
-            j = idx.get(tuple(s))
-            if ch != "?" and j is not None and ship["tables"][key][j] != "?":
-                assert ship["tables"][key][j] == ch, (key, s)
-                agree += 1
-    assert agree > 10000
+    assert new["shapes"] == ship["shapes"] and new["tables"] == ship["tables"]
+    assert len(new["shapes"]) > 20000
+
+
+def test_rule_derivation_refuses_a_violated_law(tmp_path):
+    """A recorded split above the bound is an error, not a table entry."""
+    import gzip
+    import json
+
+    c = dict(a_dtype="e4m3", b_dtype="e4m3", out_dtype="bfloat16", fast_accum=True, bias=False,
+             scale_mode="tensorwise")
+    doc = {"combos": [c], "shapes": [[4096, 4096, 8192], [1, 64, 8192]], "splits": ["21"]}
+    path = tmp_path / "bad.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    from cpemu.recording.splitk_rule import build
+
+    with pytest.raises(ValueError, match="law violated.*'bound': 1, 'no-split': 1"):
+        build([str(path)], [], str(tmp_path / "t.json"), echo=lambda *_: None)

@@ -7,7 +7,11 @@ interrupted run resumes where it stopped):
 2. truth: torch._scaled_mm outputs for the designed suites (cpemu/cases.py, ``OUT/raw/truth``);
 3. split-K: cuBLASLt's heuristic answers, asked as torch asks, over a grid (rule derivation),
    held-out random shapes (rule check) and the truth shapes;
-4. the split-K rule and its table (``OUT/profile/<name>.splitk.json``);
+4. the split-K laws checked on every answer, and the point table of the shapes they leave open
+   (``OUT/profile/<name>.splitk.json``);
+4b. with ``complete_seconds``: the complete record of those shapes (:mod:`.splitk_enum`, in
+   ``OUT/raw/splitk_complete``, resumed by every rerun) and its table
+   (``OUT/profile/<name>.splitk-complete.npz``);
 5. the truth folder with its manifest (``OUT/truth``);
 6. the profile (``OUT/profile/<name>.json``), starting from a base profile's instruction
    model and schedule; every recording is then checked with the emulator: when all match,
@@ -40,11 +44,56 @@ def _profile_name(prov: dict, base: Profile) -> str:
     return f"{base.data['arch']}-{dev or 'gpu'}-torch"
 
 
+def _split_k_tables(raw, prof_dir, name, complete_seconds, jobs, prov, echo) -> tuple[dict, dict]:
+    """Check the split-K laws on the recorded answers and write the tables; (report, profile params).
+
+    The laws include "rowwise never splits": a GPU whose heuristic splits rowwise calls stops here."""
+    from . import splitk_rule
+
+    table_file = f"{name}.splitk.json"
+    with open(os.path.join(raw, "splitk_grid.json")) as f:
+        bound = dict(splitk_rule.BOUND, workspace_bytes=json.load(f)["workspace_bytes"])
+    rule = splitk_rule.build([os.path.join(raw, "splitk_grid.json")],
+                             [os.path.join(raw, "splitk_heldout.json"), os.path.join(raw, "splitk_truth.json")],
+                             os.path.join(prof_dir, table_file), bound=bound, echo=echo)
+    params = {"bound": bound, "table_file": table_file}
+    if complete_seconds:
+        params["complete_file"] = _complete_table(raw, prof_dir, name, bound, complete_seconds, jobs, prov, echo)
+    return rule, params
+
+
+def _set_split_k(data: dict, params: dict, suites) -> None:
+    """The new profile's split_k sections: the laws and tables for tensorwise, none for rowwise."""
+    extra = sorted({(c.N, c.K) for s in suites for c in suite(s) if c.N > 16384 or c.K > 16384})
+    domain = {"M": [1, 16384], "N": [16, 16384], "K": [16, 16384], "extra_NK": [list(nk) for nk in extra]}
+    data["modes"]["tensorwise"]["split_k"] = {
+        "kind": "rule", "granularity": 128, "domain": domain, "params": params,
+        "source": "cuBLASLt heuristic (cpemu record): the split bound and no-split laws checked on the grid, "
+                  "held-out random shapes and the truth shapes; open shapes from the recorded tables"}
+    if "rowwise" in data["modes"]:
+        data["modes"]["rowwise"]["split_k"] = {"kind": "none", "domain": domain,
+                                               "source": "never split in the recorded answers (cpemu record)"}
+
+
+def _complete_table(raw, prof_dir, name, bound, seconds, jobs, prov, echo) -> str:
+    """Run (or continue) the complete split-K record for ``seconds``, then merge what is finished."""
+    from . import splitk_enum
+
+    rec = os.path.join(raw, "splitk_complete")
+    st = splitk_enum.run_parallel(rec, splitk_enum.default_plan(bound=bound), jobs, seconds,
+                                  workspace_bytes=bound["workspace_bytes"], echo=echo)
+    complete_file = f"{name}.splitk-complete.npz"
+    sizes = splitk_enum.merge(rec, os.path.join(prof_dir, complete_file),
+                              provenance={k: prov.get(k) for k in ("gpu", "driver", "torch", "cublaslt")})
+    echo(f"[record] complete split-K record: {st['pairs_done']}/{st['pairs_total']} (M, N) pairs; table {sizes}")
+    return complete_file
+
+
 def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | None = None,
            suites=SUITES, heldout: int = 3000, grids=("wide", "dense-splitk"), echo=print, progress=None,
-           jobs: int = 1) -> dict:
+           jobs: int = 1, complete_seconds: float | None = None) -> dict:
     """Run every step; returns the report (also written to OUT/report.json)."""
-    from . import splitk_rule, splitk_table, truth_recorder
+    from . import splitk_table, truth_recorder
     from .import_truth import build_truth_folder
 
     raw = os.path.join(out_dir, "raw")
@@ -83,10 +132,7 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
         _write_json(fpath, doc)
         echo(f"[record] {fname}: {len(doc['shapes'])} shapes x {len(doc['combos'])} option combinations")
 
-    table_file = f"{name}.splitk.json"
-    rule = splitk_rule.build([os.path.join(raw, "splitk_grid.json")],
-                             [os.path.join(raw, "splitk_heldout.json"), os.path.join(raw, "splitk_truth.json")],
-                             None, os.path.join(prof_dir, table_file), echo=echo)
+    rule, params = _split_k_tables(raw, prof_dir, name, complete_seconds, jobs, prov, echo)
     truth_dir = os.path.join(out_dir, "truth")
     summary = build_truth_folder([raw_truth], [os.path.join(raw, "splitk_truth.json")], name, truth_dir)
 
@@ -98,22 +144,7 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
                           "cublaslt": prov["cublaslt"].get("version"),
                           "recorded": datetime.date.today().isoformat(), "recorded_with": "cpemu record",
                           "instruction_model": base.data["instruction"]["source"]}
-    tw = data["modes"]["tensorwise"]
-    extra = sorted({(c.N, c.K) for s in suites for c in suite(s) if c.N > 16384 or c.K > 16384})
-    tw["split_k"] = {"kind": "rule", "granularity": 128,
-                     "domain": {"M": [1, 16384], "N": [16, 16384], "K": [16, 16384],
-                                "extra_NK": [list(nk) for nk in extra]},
-                     "params": {"k_max_nosplit": rule["k_max_nosplit"], "mn_min_nosplit": rule["mn_min_nosplit"],
-                                "table_file": table_file},
-                     "source": "cuBLASLt heuristic (cpemu record), thresholds derived from the grid and checked on "
-                               "held-out random shapes"}
-    if "rowwise" in data["modes"]:
-        data["modes"]["rowwise"]["split_k"] = {"kind": "none", "domain": tw["split_k"]["domain"],
-                                               "source": "assumed as on the base profile; see the report"}
-    rowwise_split = any(ch not in "1x" for c, M, N, K, ch in splitk_rule.rows_of(os.path.join(raw, "splitk_grid.json"))
-                        if c["scale_mode"] == "rowwise")
-    if rowwise_split:
-        data["modes"].pop("rowwise", None)  # the heuristic splits rowwise calls here: not modelled, refused
+    _set_split_k(data, params, suites)
 
     report = {"profile": name, "truth": summary, "split_k_rule": rule}
     candidates = [None] + [(p, o) for p in (4, 8, 2) for o in ("acc*(sa*sb)", "(acc*sa)*sb", "(acc*sb)*sa")]

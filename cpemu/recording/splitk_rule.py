@@ -1,14 +1,18 @@
-"""Derive a profile's split-K rule from recorded heuristic tables, check it, write its table.
+"""Check a profile's split-K laws on recorded heuristic tables, and write its point table.
 
-Inputs are tools/splitk_table.py outputs. The rule (see cpemu/splitk.py):
+Inputs are tools/splitk_table.py or tools/cublaslt_heuristic.py outputs. The laws (see
+cpemu/splitk.py), with ``u = split_bound(bound, M, N, K)``:
 
-* no split-K when ``K <= k_max_nosplit`` or ``M*N >= mn_min_nosplit`` or the scaling is rowwise;
-* otherwise the recorded answer for exactly this (M, N, K) and option combination
-  (a/b formats, output dtype, fast accumulation; bias was found not to matter);
-* otherwise the shape is refused.
+* ``bound``: the split count never exceeds ``max(u, 1)``;
+* ``no-split``: where ``u <= 1`` the heuristic never splits;
+* ``attained``: answers with ``s == u`` (support that the bound cannot be lowered);
+* ``rowwise``: rowwise (outer-vector) scaling never splits;
+* ``bias``: bias never changes the answer for K <= ``BIAS_K_MAX`` (checked on every pair of answers
+  that differ only by it; above it, pairs that differ are counted as ``bias-differs-above``, not a law).
 
-The thresholds are derived from the ``--derive`` files only and checked against the
-``--check`` files (held out); the table is then written from all files.
+Each law's support and violations are counted per file; any violation is an error. The table
+then holds every recorded tensorwise answer the laws leave open (``u >= 2``), keyed by shape
+and option combination ``a,b,out,fast|promo``.
 
     python tools/build_splitk_rule.py --derive grid.json --check heldout_main.json ... \
         --out cpemu/profile_data/hopper-h200-torch.splitk.json
@@ -23,9 +27,21 @@ from collections import Counter, defaultdict
 
 import click
 
+from ..splitk import combo_key as _key
+from ..splitk import split_bound
+
+BOUND = {"k_per_split": 2560, "bytes_per_partial": 4, "n_align": 32, "workspace_bytes": 1 << 20,
+         "workspace_reserve": 16}
+BIAS_K_MAX = 65536  # one answer in 247,805 pairs differed by bias, at K = 107696 (measured/large.npz)
+
 
 def rows_of(path):
-    """(combo, M, N, K, split char) of a splitk_table.py file or a cublaslt_heuristic.py query file."""
+    """(combo, M, N, K, split) of a splitk_table.py file, a cublaslt_heuristic.py query file or a
+    splitk_measure.py sample file (``.npz``); the split count in base 36 (upper case in .npz files, so that 33 is "X"),
+    ``x`` where the heuristic returned no algorithm."""
+    if path.endswith(".npz"):
+        yield from _npz_rows(path)
+        return
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as fh:
         d = json.load(fh)
@@ -39,85 +55,89 @@ def rows_of(path):
             yield c, M, N, K, ch
 
 
+def _npz_rows(path):
+    import numpy as np
+
+    with np.load(path) as z:
+        shapes, ids, configs = z["shapes"].tolist(), z["ids"], z["configs"]
+        combos = json.loads(str(z["combos"]))
+        col = json.loads(str(z["meta"]))["fields"].index("splitk_num")
+    chars = np.array(["x"] + [np.base_repr(int(s), 36) for s in configs[:, col]])[ids + 1]
+    for j, c in enumerate(combos):
+        for (M, N, K), ch in zip(shapes, chars[:, j].tolist()):
+            yield c, M, N, K, ch
+
+
 def combo_key(c) -> str:
-    return f"{c['a_dtype']},{c['b_dtype']},{c['out_dtype']},{'fast' if c['fast_accum'] else 'promo'}"
+    return _key(c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"])
 
 
-def predicates(k_max, mn_min):
-    return {
-        f"K<={k_max}": lambda c, M, N, K: K <= k_max,
-        f"M*N>={mn_min}": lambda c, M, N, K: M * N >= mn_min,
-        "rowwise": lambda c, M, N, K: c["scale_mode"] == "rowwise",
-    }
+def law_counts(rows, bound: dict) -> tuple[Counter, Counter]:
+    """(support, violations) of each law over ``rows`` ((combo, M, N, K, char) tuples)."""
+    support, viol = Counter(), Counter()
+    by_bias = defaultdict(dict)
+    for c, M, N, K, ch in rows:
+        if ch == "x":
+            continue
+        s, u = int(ch, 36), split_bound(bound, M, N, K)
+        support["bound"] += 1
+        viol["bound"] += s > max(u, 1)
+        if u <= 1:
+            support["no-split"] += 1
+            viol["no-split"] += s != 1
+        elif s == u and c["scale_mode"] == "tensorwise":
+            support["attained"] += 1
+        if c["scale_mode"] == "rowwise":
+            support["rowwise"] += 1
+            viol["rowwise"] += s != 1
+        by_bias[(combo_key(c), c["scale_mode"], M, N, K)][c["bias"]] = s
+    for key, v in by_bias.items():
+        if len(v) == 2 and key[-1] <= BIAS_K_MAX:
+            support["bias"] += 1
+            viol["bias"] += v[True] != v[False]
+        elif len(v) == 2:
+            support["bias-above"] += 1
+            support["bias-differs-above"] += v[True] != v[False]
+    return support, +viol
 
 
 @click.command()
 @click.option("--derive", "derive_files", multiple=True, required=True, type=click.Path(exists=True))
 @click.option("--check", "check_files", multiple=True, type=click.Path(exists=True))
-@click.option("--mn-min", type=int, default=None,
-              help="M*N threshold; default: the next power of two above the largest split M*N seen when deriving")
 @click.option("--out", "out_path", required=True)
-def main(derive_files, check_files, mn_min, out_path):
+def main(derive_files, check_files, out_path):
     try:
-        build(derive_files, check_files, mn_min, out_path)
+        build(derive_files, check_files, out_path)
     except ValueError as e:
         raise SystemExit(str(e))
 
 
-def build(derive_files, check_files, mn_min, out_path, echo=click.echo) -> dict:
-    """Derive the thresholds from ``derive_files``, check them on all files, write the table file.
+def build(derive_files, check_files, out_path, bound: dict | None = None, echo=click.echo) -> dict:
+    """Check the laws on every file, then write the point table of the open shapes.
 
-    Returns the rule report; raises ValueError when a threshold is violated or bias changes
-    an answer."""
-    split_rows = [r for f in derive_files for r in rows_of(f) if r[4] not in "1x"]
-    all_k = sorted({r[3] for f in derive_files for r in rows_of(f)})
-    if not split_rows:  # this library never split K on the grid: the rule covers the grid's K range
-        min_split_k, max_mn = all_k[-1] + 1, 0
-    else:
-        min_split_k = min(r[3] for r in split_rows)
-        max_mn = max(r[1] * r[2] for r in split_rows)
-    k_max = max(k for k in all_k if k < min_split_k)  # largest K recorded below the first split
-    if mn_min is None:
-        mn_min = 1 << max_mn.bit_length() if max_mn else 1 << 62
-    echo(f"derived from {len(derive_files)} file(s): split-K seen for K >= {min_split_k}, "
-               f"largest K without split below it {k_max}; largest split M*N {max_mn} -> threshold {mn_min}")
-    preds = predicates(k_max, mn_min)
-    report = {"derived_from": [os.path.basename(f) for f in derive_files], "k_max_nosplit": k_max,
-              "mn_min_nosplit": mn_min, "largest_split_mn_in_derivation": max_mn, "checks": {}}
-    for f in list(derive_files) + list(check_files):
-        support, viol, n = Counter(), Counter(), 0
-        for c, M, N, K, ch in rows_of(f):
-            n += 1
-            for name, p in preds.items():
-                if p(c, M, N, K):
-                    support[name] += 1
-                    if ch not in "1x":
-                        viol[name] += 1
-        report["checks"][os.path.basename(f)] = {"queries": n, "held_out": f in check_files,
+    Returns the report; raises ValueError when a law is violated or two files disagree."""
+    bound = dict(bound or BOUND)
+    report = {"derived_from": [os.path.basename(f) for f in derive_files], "bound": bound, "checks": {}}
+    files = list(derive_files) + list(check_files)
+    for f in files:
+        rows = list(rows_of(f))
+        support, viol = law_counts(rows, bound)
+        report["checks"][os.path.basename(f)] = {"queries": len(rows), "held_out": f in check_files,
                                                  "support": dict(support), "violations": dict(viol)}
-        echo(f"{os.path.basename(f)}: {n} queries; predicate support {dict(support)}; "
-                   f"violations {dict(viol) or 'none'}")
+        echo(f"{os.path.basename(f)}: {len(rows)} queries; law support {dict(support)}; "
+             f"violations {dict(viol) or 'none'}")
         if viol:
-            raise ValueError(f"rule violated in {f}: {dict(viol)}")
-    # Bias must not change the answer (checked on every file), then the table.
-    by_bias = defaultdict(dict)
+            raise ValueError(f"split-K law violated in {f}: {dict(viol)}")
     table = defaultdict(dict)
-    for f in list(derive_files) + list(check_files):
+    for f in files:
         for c, M, N, K, ch in rows_of(f):
-            if c["scale_mode"] != "tensorwise":
+            if c["scale_mode"] != "tensorwise" or ch == "x" or split_bound(bound, M, N, K) <= 1:
                 continue
             key = combo_key(c)
-            by_bias[(key, M, N, K)][c["bias"]] = ch
-            if any(p(c, M, N, K) for p in preds.values()) or ch == "x":
-                continue
             prev = table[key].get((M, N, K))
             if prev is not None and prev != ch:
                 raise ValueError(f"inconsistent answers for {key} {(M, N, K)}: {prev} vs {ch}")
             table[key][(M, N, K)] = ch
-    bias_diff = sum(1 for v in by_bias.values() if len(v) == 2 and v[True] != v[False])
-    if bias_diff:
-        raise ValueError(f"bias changes the split-K answer for {bias_diff} shapes: key the table by bias")
-    report["bias_invariance_pairs"] = sum(1 for v in by_bias.values() if len(v) == 2)
     shapes = sorted({s for t in table.values() for s in t})
     index = {s: i for i, s in enumerate(shapes)}
     tables = {}
@@ -126,15 +146,15 @@ def build(derive_files, check_files, mn_min, out_path, echo=click.echo) -> dict:
         for s, ch in t.items():
             chars[index[s]] = ch
         tables[key] = "".join(chars)
-    doc = {"about": "cuBLASLt split-K counts for shapes outside the no-split predicates, per option combination "
-                    "'a,b,out,fast|promo'; one character per shape of 'shapes' ('?' = not recorded).",
+    doc = {"about": "cuBLASLt split-K counts for recorded shapes the laws leave open (split bound >= 2), per "
+                    "option combination 'a,b,out,fast|promo'; one character per shape of 'shapes' (base 36; "
+                    "'?' = not recorded).",
            "rule": report, "shapes": shapes, "tables": tables}
     tmp = out_path + ".tmp"
     with open(tmp, "w") as fh:
         json.dump(doc, fh, separators=(",", ":"))
     os.replace(tmp, out_path)
-    echo(f"wrote {out_path}: {len(shapes)} shapes x {len(tables)} combos; "
-         f"bias-invariance checked on {report['bias_invariance_pairs']} pairs")
+    echo(f"wrote {out_path}: {len(shapes)} shapes x {len(tables)} combos")
     return report
 
 

@@ -19,8 +19,7 @@ import click
 import numpy as np
 
 from cpemu.recording import cublaslt_heuristic as ch
-
-DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+from cpemu.recording.splitk_query import DIGITS
 
 PAIRS = (("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"))
 OUTS = ("bfloat16", "float16", "float32")

@@ -1,0 +1,267 @@
+"""The complete split-K record: every shape the laws leave open, asked of cuBLASLt as torch asks.
+
+The open shapes are the (M, N, K) with split bound ``u >= 2`` (:func:`cpemu.splitk.split_bound`)
+inside the plan's domain, K on a grid of ``k_step`` (16: the answer changes on any K step of
+16, see tests/data/h200-splitk/measured/README.md). Bias does not change the answer and
+rowwise scaling never splits, so the option combinations are the formats x output dtype x fast
+accumulation of tensorwise scaling. The unit of work is one (M, N) pair: every K of the grid
+for every combination.
+
+    python -m cpemu.recording.splitk_enum run --dir REC --jobs 16 --seconds 540
+    python -m cpemu.recording.splitk_enum status --dir REC
+    python -m cpemu.recording.splitk_enum merge --dir REC --out hopper-h200-torch.splitk-complete.npz
+
+``run`` writes ``REC/plan.json`` on the first call; worker ``w`` of ``W`` takes the pairs
+``w, w + W, ...`` and appends one line per finished pair to ``REC/part-<w>-of-<W>.jsonl``
+(configurations first seen get their own line). Running again continues where each worker
+stopped (a line cut off by an interruption is dropped and its pair asked again), with the same
+or another number of workers (pairs in any part file are skipped). One worker per CPU core: on
+the H200 host one process answered about 3,000 queries/s and 16 processes on 16 cores 48,270/s.
+``merge`` reads every part file and writes the shipped table
+(:mod:`cpemu.splitk_complete`).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import multiprocessing as mp
+import os
+import time
+
+import click
+
+from ..splitk import combo_key, split_bound
+from ..splitk_complete import NONE, write_table
+from .splitk_query import CONFIG_FIELDS
+from .splitk_rule import BOUND
+from .splitk_table import combos
+
+__all__ = ["default_plan", "open_pairs", "k_grid", "plan_combos", "run_worker", "read_part", "merge", "status"]
+
+
+
+def plan_combos() -> list[dict]:
+    """The combinations whose answers can differ: bias never changes one, rowwise never splits."""
+    return [c for c in combos("all") if c["scale_mode"] == "tensorwise" and not c["bias"]]
+
+
+def default_plan(n_max: int = 65536, k_max: int = 65536, k_step: int = 16, bound: dict | None = None) -> dict:
+    bound = dict(bound or BOUND)
+    k0 = k_step * (bound["k_per_split"] * 2 // k_step + 1)  # first K with K bound >= 2
+    return {"n_max": n_max, "k0": k0, "k_max": k_max, "k_step": k_step, "bound": bound,
+            "combos": plan_combos(), "order": "M ascending, then N"}
+
+
+def k_grid(plan: dict) -> list[int]:
+    return list(range(plan["k0"], plan["k_max"] + 1, plan["k_step"]))
+
+
+def open_pairs(plan: dict) -> list[tuple[int, int]]:
+    """Every (M, N) of the domain whose workspace bound lets K split (u >= 2 at the largest K)."""
+    out = []
+    for N in range(16, plan["n_max"] + 1, 16):
+        M = 1
+        while split_bound(plan["bound"], M, N, plan["k_max"]) >= 2:
+            out.append((M, N))
+            M += 1
+    out.sort()
+    return out
+
+
+def _part_path(rec: str, w: int, W: int) -> str:
+    return os.path.join(rec, f"part-{w:03d}-of-{W:03d}.jsonl")
+
+
+def read_part(path: str) -> tuple[dict, dict]:
+    """({local id: config tuple}, {(M, N): [runs per combo]}) of one part file; a cut-off line is dropped."""
+    configs, done = {}, {}
+    if not os.path.exists(path):
+        return configs, done
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # the writer was stopped inside this line
+            d = json.loads(line)
+            if "cfg" in d:
+                configs[d["id"]] = tuple(d["cfg"])
+            else:
+                done[(d["M"], d["N"])] = d["runs"]
+    return configs, done
+
+
+def _runs(ids: list[int]) -> list[int]:
+    """[end, id, end, id, ...]: run-length form of a column along K."""
+    out = []
+    for i, v in enumerate(ids):
+        if out and out[-1] == v:
+            out[-2] = i + 1
+        else:
+            out += [i + 1, v]
+    return out
+
+
+def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max_pairs: int | None = None) -> int:
+    """Worker ``w`` of ``W``: ask ``ask(M, N, K, combo) -> FIELDS tuple | None`` for the pairs
+    ``w, w + W, ...`` that no part file holds yet, appending each finished pair to its own file;
+    stops at ``deadline`` (time.time()) or after ``max_pairs``. Returns the pairs finished."""
+    with open(os.path.join(rec, "plan.json")) as f:
+        plan = json.load(f)
+    path = _part_path(rec, w, W)
+    configs, done = read_part(path)
+    _truncate_to_complete_lines(path)
+    for other in _parts(rec):  # pairs finished by an earlier run with another number of workers
+        if other != path and not other.endswith(f"-of-{W:03d}.jsonl"):
+            done.update(read_part(other)[1])
+    ids = {c: i for i, c in configs.items()}
+    ks = k_grid(plan)
+    n = 0
+    with open(path, "a") as out:
+        for M, N in open_pairs(plan)[w::W]:
+            if (M, N) in done:
+                continue
+            if (deadline is not None and time.time() >= deadline) or (max_pairs is not None and n >= max_pairs):
+                break
+            runs = []
+            for c in plan["combos"]:
+                col = []
+                for K in ks:
+                    a = ask(M, N, K, c)
+                    cfg = None if a is None else tuple(a[:len(CONFIG_FIELDS)])
+                    if cfg is not None and cfg not in ids:
+                        ids[cfg] = len(ids)
+                        out.write(json.dumps({"id": ids[cfg], "cfg": list(cfg)}) + "\n")
+                    col.append(-1 if cfg is None else ids[cfg])
+                runs.append(_runs(col))
+            out.write(json.dumps({"M": M, "N": N, "runs": runs}, separators=(",", ":")) + "\n")
+            out.flush()
+            n += 1
+    return n
+
+
+def _truncate_to_complete_lines(path: str) -> None:
+    if not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        if keep != len(data):
+            f.truncate(keep)
+
+
+def _parts(rec: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(rec, "part-*-of-*.jsonl")))
+
+
+def status(rec: str) -> dict:
+    with open(os.path.join(rec, "plan.json")) as f:
+        plan = json.load(f)
+    total = len(open_pairs(plan))
+    done = len(set().union(*(read_part(p)[1] for p in _parts(rec))))
+    per_pair = len(k_grid(plan)) * len(plan["combos"])
+    return {"pairs_total": total, "pairs_done": done, "queries_per_pair": per_pair,
+            "queries_total": total * per_pair, "queries_done": done * per_pair}
+
+
+def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: bool = False) -> dict:
+    """Every finished pair of every part file into one complete table (:func:`cpemu.splitk_complete.write_table`).
+
+    ``splits_only`` keeps only the split count of each configuration (fewer runs); the part files
+    keep the whole configuration either way."""
+    with open(os.path.join(rec, "plan.json")) as f:
+        plan = json.load(f)
+    keys = [combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"]) for c in plan["combos"]]
+    fields = ["splitk_num"] if splits_only else list(CONFIG_FIELDS)
+    cols = [CONFIG_FIELDS.index(f) for f in fields]
+    configs, index, pairs = [], {}, {}
+    for path in _parts(rec):
+        local, done = read_part(path)
+        to_global = {-1: NONE}
+        for i, cfg in local.items():
+            cfg = tuple(cfg[c] for c in cols)
+            if cfg not in index:
+                index[cfg] = len(configs)
+                configs.append(cfg)
+            to_global[i] = index[cfg]
+        for mn, runs in done.items():
+            pairs[mn] = {k: [to_global[v] if i % 2 else v for i, v in enumerate(r)] for k, r in zip(keys, runs)}
+    meta = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
+            "fields": fields, "bound": plan["bound"], "n_max": plan["n_max"], "provenance": provenance or {}}
+    return write_table(out_path, meta, pairs, configs)
+
+
+def _start(rec: str, plan: dict) -> None:
+    os.makedirs(rec, exist_ok=True)
+    path = os.path.join(rec, "plan.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old != plan:
+            raise click.ClickException(f"{path} holds another plan ({old}); use another --dir or the same options")
+    else:
+        with open(path + ".tmp", "w") as f:
+            json.dump(plan, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+
+def _gpu_worker(args):
+    rec, w, W, ws, deadline = args
+    from .splitk_query import Querier
+
+    q = Querier(ws)
+    return run_worker(rec, w, W, q.ask, deadline)
+
+
+def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_bytes: int | None = None, echo=print):
+    """Start or continue the record with ``jobs`` processes for at most ``seconds``."""
+    from .splitk_query import probe_workspace
+
+    _start(rec, plan)
+    if workspace_bytes is None:
+        workspace_bytes, src = probe_workspace()
+        echo(f"[splitk-enum] workspace {workspace_bytes} bytes ({src})")
+    if workspace_bytes != plan["bound"]["workspace_bytes"]:
+        raise click.ClickException(f"torch's cuBLASLt workspace here is {workspace_bytes} bytes, the plan's bound "
+                                   f"assumes {plan['bound']['workspace_bytes']}")
+    t0 = time.time()
+    deadline = t0 + seconds
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline) for w in range(jobs)]))
+    st = status(rec)
+    echo(f"[splitk-enum] {n} pairs in {time.time() - t0:.0f}s; {st['pairs_done']}/{st['pairs_total']} pairs done")
+    return st
+
+
+@click.group()
+def cli():
+    """The complete split-K record (see the module docstring)."""
+
+
+@cli.command("run")
+@click.option("--dir", "rec", required=True)
+@click.option("--jobs", type=int, default=os.cpu_count() or 1)
+@click.option("--seconds", type=float, default=3600.0, help="stop starting new pairs after this long")
+@click.option("--n-max", type=int, default=65536)
+@click.option("--k-max", type=int, default=65536)
+@click.option("--k-step", type=int, default=16)
+def run_cmd(rec, jobs, seconds, n_max, k_max, k_step):
+    st = run_parallel(rec, default_plan(n_max, k_max, k_step), jobs, seconds, echo=lambda m: click.echo(m, err=True))
+    click.echo(json.dumps(st))
+
+
+@cli.command("status")
+@click.option("--dir", "rec", required=True)
+def status_cmd(rec):
+    click.echo(json.dumps(status(rec)))
+
+
+@cli.command("merge")
+@click.option("--dir", "rec", required=True)
+@click.option("--out", "out_path", required=True)
+@click.option("--splits-only", is_flag=True, help="keep only the split count of each answer")
+def merge_cmd(rec, out_path, splits_only):
+    click.echo(json.dumps(merge(rec, out_path, splits_only=splits_only)))
+
+
+if __name__ == "__main__":
+    cli()

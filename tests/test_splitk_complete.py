@@ -1,0 +1,306 @@
+"""The split-K laws on the dense H200 samples, the complete record and its table, the domain, and
+the enumerator's resume and merge logic.
+
+tests/data/h200-splitk/measured/*.npz are cuBLASLt's answers on the H200
+(cpemu.recording.splitk_measure; see the README there); tests/data/h200-splitk/complete/rec.tgz
+is the start of the complete record (cpemu.recording.splitk_enum part files), the source of the
+shipped complete table.
+"""
+
+import json
+import os
+import tarfile
+
+import numpy as np
+import pytest
+
+import cpemu
+from cpemu.recording import splitk_enum as se
+from cpemu.recording.splitk_rule import law_counts, rows_of
+from cpemu.schedule import UnsupportedShape
+from cpemu.splitk import SplitKRule, combo_key, split_bound
+from cpemu.splitk_complete import load_complete
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "h200-splitk")
+MEASURED = [os.path.join(DATA, "measured", f"{n}.npz") for n in ("deepk", "gran", "large")]
+PROFILE = cpemu.get_profile("hopper-h200-torch")
+PARAMS = PROFILE.data["modes"]["tensorwise"]["split_k"]["params"]
+BOUND = PARAMS["bound"]
+
+
+def _u(bound, M, N, K):
+    """The bound in numpy, from the profile's parameters (not cpemu.splitk's code)."""
+    n32 = -(-N // bound["n_align"]) * bound["n_align"]
+    per = bound["bytes_per_partial"] * M * n32
+    return np.minimum(-(-K // bound["k_per_split"]) - 1, (bound["workspace_bytes"] - bound["workspace_reserve"]) // per)
+
+
+def _slices(K, s):
+    """How many slices a split count gives: ceil(tiles / ceil(tiles / s)) tiles of 128 (empty ones dropped)."""
+    tiles = -(-K // 128)
+    return -(-tiles // -(-tiles // s))
+
+
+def _load(path):
+    with np.load(path) as z:
+        meta = json.loads(str(z["meta"]))
+        return (z["shapes"].astype(np.int64), z["ids"], z["configs"].astype(np.int64), json.loads(str(z["combos"])),
+                meta)
+
+
+@pytest.mark.parametrize("path", MEASURED, ids=os.path.basename)
+def test_laws_on_dense_samples(path):
+    shapes, ids, configs, combos, meta = _load(path)
+    col = meta["fields"].index("splitk_num")
+    s = np.where(ids >= 0, configs[np.maximum(ids, 0), col], -1)
+    M, N, K = shapes.T
+    u = _u(BOUND, M, N, K)[:, None]
+    ok = ids >= 0
+    assert ok.sum() > 30000
+    assert not ((s > np.maximum(u, 1)) & ok).any()  # the bound
+    assert not ((u <= 1) & ok & (s != 1)).any()  # no split where u <= 1
+    rowwise = np.array([c["scale_mode"] == "rowwise" for c in combos])
+    assert not (ok & rowwise[None, :] & (s != 1)).any()
+    # cpemu's bound is the same function
+    rng = np.random.default_rng(0)
+    for i in rng.integers(0, len(shapes), 300):
+        assert split_bound(BOUND, *map(int, shapes[i])) == int(u[i, 0])
+
+
+def test_law_counts_on_dense_samples():
+    """The law checker counts what the profile's source states; bias differs once, above K = 65536."""
+    sup, viol = law_counts(rows_of(MEASURED[2]), BOUND)
+    assert not viol
+    assert sup["bias-differs-above"] == 1 and sup["bias"] == 183407 and sup["rowwise"] == 322225
+
+
+@pytest.mark.parametrize("path", MEASURED, ids=os.path.basename)
+def test_profile_on_dense_samples(path):
+    """A sample of each file through Profile.plan: the recorded count, or a refusal where u >= 2."""
+    shapes, ids, configs, combos, meta = _load(path)
+    col = meta["fields"].index("splitk_num")
+    rng = np.random.default_rng(1)
+    answered = 0
+    for _ in range(6000):
+        i, j = int(rng.integers(len(shapes))), int(rng.integers(len(combos)))
+        if ids[i, j] < 0:
+            continue
+        M, N, K = map(int, shapes[i])
+        c = combos[j]
+        try:
+            got = PROFILE.plan(M, N, K, c["fast_accum"], c["scale_mode"], c["a_dtype"], c["b_dtype"],
+                               c["out_dtype"]).splits
+        except UnsupportedShape as e:
+            assert c["scale_mode"] == "tensorwise" and split_bound(BOUND, M, N, K) >= 2, e
+            continue
+        want = int(configs[ids[i, j], col])
+        assert got == _slices(K, want), (c, M, N, K, want, got)
+        answered += 1
+    assert answered > 400
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory):
+    d = tmp_path_factory.mktemp("rec")
+    with tarfile.open(os.path.join(DATA, "complete", "rec.tgz")) as t:
+        t.extractall(d, filter="data")
+    return str(d / "rec")
+
+
+def test_complete_table_is_the_record(record):
+    """Every (M, N, K, combination) of the record decodes from the shipped table to the recorded
+    configuration; the record holds 299 pairs of 67,968 answers."""
+    plan = json.load(open(os.path.join(record, "plan.json")))
+    assert plan == se.default_plan()
+    table = load_complete(PARAMS["complete_file"])
+    keys = [combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"]) for c in plan["combos"]]
+    nk = len(se.k_grid(plan))
+    pairs = 0
+    for path in sorted(os.listdir(record)):
+        if not path.startswith("part-"):
+            continue
+        local, done = se.read_part(os.path.join(record, path))
+        local = np.array([local[i] for i in range(len(local))])
+        for (M, N), runs in done.items():
+            p = int(np.searchsorted(table.pairs, (M << 20) | N))
+            assert table.pairs[p] == (M << 20) | N
+            for key, r in zip(keys, runs):
+                want = np.repeat(r[1::2], np.diff([0] + r[0::2]))
+                want = local[want] if (want >= 0).all() else None
+                got = table.configs[table.column(p, table.combo[key])]
+                assert want is not None and got.shape == (nk, len(table.meta["fields"]))
+                assert (got == want).all(), (M, N, key)
+            pairs += 1
+    assert pairs == len(table.pairs) == 299
+
+
+def test_profile_answers_from_the_complete_table(record):
+    """Profile.plan reads recorded pairs from the complete table (M = 1 at every K of the grid)."""
+    local, done = se.read_part(os.path.join(record, "part-000-of-016.jsonl"))
+    plan = json.load(open(os.path.join(record, "plan.json")))
+    ks = se.k_grid(plan)
+    rng = np.random.default_rng(2)
+    verified = PARAMS["verified_splits"]
+    answered = refused = 0
+    for (M, N), runs in sorted(done.items())[3:6]:
+        for j in rng.integers(0, len(plan["combos"]), 6):
+            c, r = plan["combos"][j], runs[j]
+            col = np.repeat(r[1::2], np.diff([0] + r[0::2]))
+            for i in rng.integers(0, len(ks), 40):
+                cfg = local[int(col[i])]
+                want, tile = cfg[4], cfg[1]
+                args = (M, N, ks[i], c["fast_accum"], "tensorwise", c["a_dtype"], c["b_dtype"], c["out_dtype"])
+                if want > verified.get(str(tile), 1):
+                    with pytest.raises(UnsupportedShape, match=f"into {want} slices.*tile id {tile}"):
+                        PROFILE.plan(*args)
+                    refused += 1
+                    continue
+                assert PROFILE.plan(*args).splits == _slices(ks[i], want), args
+                answered += 1
+    assert answered > 200 and refused > 10
+
+
+def test_gpu_output_check_of_large_splits():
+    """tools/splitk_output_check.py on the H200: where torch's bytes matched cpemu's reference the
+    profile still answers so; where they did not, the profile now refuses."""
+    doc = json.load(open(os.path.join(DATA, "measured", "large_split_outputs.json")))
+    assert doc["calls"] == 96 and doc["matched"] == 92
+    for r in doc["rows"]:
+        args = (r["M"], r["N"], r["K"], r["fast_accum"], "tensorwise", "e4m3", "e4m3", r["out_dtype"])
+        if r["match"]:
+            assert PROFILE.plan(*args).splits == r["splits"], r
+        else:
+            with pytest.raises(UnsupportedShape, match="checked against GPU outputs with this tile only up to 6"):
+                PROFILE.plan(*args)
+
+
+def test_domain_edges():
+    p = PROFILE
+    assert p.plan(131072, 131072, 131072, True).splits == 1  # the bound decides (u <= 1)
+    assert p.plan(4096, 16, 65536, True).splits == 1  # 4 * 4096 * 32 * 2 > 2^20 - 16
+    assert p.plan(1, 106496, 53248, False, "rowwise").splits == 1
+    assert p.plan(32768, 24576, 8192, True).splits == 1  # Evo 2 40B at M = 32768
+    for bad, ax in (((131073, 16, 16), "M"), ((1, 131088, 16), "N"), ((1, 16, 131088), "K")):
+        for scaling in ("tensorwise", "rowwise"):
+            with pytest.raises(UnsupportedShape, match=f"{ax}={bad['MNK'.index(ax)]} is outside the range"):
+                p.plan(*bad, True, scaling)
+    with pytest.raises(UnsupportedShape, match=r"up to 25 slices fit the K and workspace bounds.*not in the "
+                                               r"profile's recorded tables"):
+        p.plan(2, 64, 65536, True)  # open (u = 25), M = 2 not recorded yet
+    with pytest.raises(UnsupportedShape, match="not in the profile's recorded tables"):
+        p.plan(1, 16, 65552, True)  # K beyond the complete record's grid
+
+
+def _fake(M, N, K, c):
+    if (M * N + K) % 97 == 0:
+        return None
+    s = 1 + (M + N + K // 256 + (c["out_dtype"] == "float16") + c["fast_accum"]) % 3
+    return (66, 10 + M % 2, 36, 4, s, 2 if s > 1 else 0, 0, 1, 0, 4 * s * M * N + 16)
+
+
+def _small_plan():
+    return se.default_plan(n_max=64, k_max=6400, k_step=16, bound=dict(se.BOUND, workspace_bytes=1 << 14))
+
+
+def test_enumerator_resumes_and_merges(tmp_path):
+    """Workers stopped part-way (and one cut inside a line) continue where they stopped, here with
+    another number of workers; the merged table answers every open shape as the heuristic did."""
+    rec = str(tmp_path / "rec")
+    plan = _small_plan()
+    se._start(rec, plan)
+    pairs = se.open_pairs(plan)
+    assert len(pairs) > 100 and all(split_bound(plan["bound"], M, N, plan["k_max"]) >= 2 for M, N in pairs)
+    asked = []
+
+    def ask(M, N, K, c):
+        asked.append((M, N))
+        return _fake(M, N, K, c)
+
+    assert [se.run_worker(rec, w, 3, ask, max_pairs=2) for w in range(3)] == [2, 2, 2]
+    part = os.path.join(rec, "part-001-of-003.jsonl")
+    with open(part, "a") as f:
+        f.write('{"M": 99, "N": 16, "runs": [[3')  # interrupted mid-line
+    assert se.status(rec)["pairs_done"] == 6
+    first = len(asked)
+    assert se.run_worker(rec, 1, 3, ask, max_pairs=1) == 1  # the cut line is dropped, its worker goes on
+    done = 1 + sum(se.run_worker(rec, w, 2, ask) for w in range(2))
+    assert done == len(pairs) - 6
+    assert len(asked) - first == done * len(se.k_grid(plan)) * len(plan["combos"])  # nothing asked twice
+    assert sum(se.run_worker(rec, w, W, ask) for W in (2, 3) for w in range(W)) == 0
+    st = se.status(rec)
+    assert st["pairs_done"] == st["pairs_total"] == len(pairs)
+    out = str(tmp_path / "t.npz")
+    sizes = se.merge(rec, out)
+    assert sizes["pairs"] == len(pairs)
+    rule = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
+                      params={"bound": plan["bound"], "complete_file": "t.npz"}, base_dir=str(tmp_path))
+    checked = 0
+    for M, N in pairs[::7]:
+        for K in se.k_grid(plan)[::5]:
+            for c in plan["combos"][::3]:
+                combo = (c["a_dtype"], c["b_dtype"], c["out_dtype"])
+                want = _fake(M, N, K, c)
+                if want is None:
+                    with pytest.raises(UnsupportedShape, match="no algorithm"):
+                        rule.splits(M, N, K, c["fast_accum"], combo)
+                else:
+                    assert rule.splits(M, N, K, c["fast_accum"], combo) == want[4]
+                checked += 1
+    assert checked > 1000
+    with pytest.raises(UnsupportedShape, match="not in the profile's recorded tables"):
+        rule.splits(1, 16, 6416, True)  # past the grid
+
+
+def test_enumerator_refuses_another_plan(tmp_path):
+    rec = str(tmp_path / "rec")
+    se._start(rec, _small_plan())
+    se._start(rec, _small_plan())  # the same plan continues
+    with pytest.raises(Exception, match="holds another plan"):
+        se._start(rec, se.default_plan(n_max=64, k_max=6416))
+
+
+def test_splitk_imports_no_schedule():
+    """The rule lives in cpemu.splitk; cpemu.schedule re-exports it (one direction only)."""
+    import cpemu.splitk
+    import cpemu.splitk_complete
+
+    for mod in (cpemu.splitk, cpemu.splitk_complete):
+        src = open(mod.__file__).read()
+        assert "schedule" not in "".join(line for line in src.splitlines() if "import" in line)
+    from cpemu import schedule
+
+    assert schedule.UnsupportedShape is cpemu.UnsupportedShape is cpemu.splitk.UnsupportedShape
+
+
+def test_record_writes_the_laws_into_a_profile(tmp_path):
+    """cpemu record's split-K step (no GPU needed past the recorded answers): the laws checked, the
+    point table written, and the profile it builds answers as the recorded heuristic did."""
+    import gzip
+    import shutil
+
+    from cpemu.profile import Profile
+    from cpemu.recording.record import _set_split_k, _split_k_tables
+
+    raw, prof = tmp_path / "raw", tmp_path / "profile"
+    raw.mkdir()
+    prof.mkdir()
+    for src, dst in (("heur_truth", "splitk_grid"), ("heur_splitk2", "splitk_heldout"), ("splitk_evo2", "splitk_truth")):
+        with gzip.open(os.path.join(DATA, f"{src}.json.gz")) as f, open(raw / f"{dst}.json", "wb") as g:
+            shutil.copyfileobj(f, g)
+    name = "hopper-test-torch"
+    rule, params = _split_k_tables(str(raw), str(prof), name, None, 1, {}, lambda *_: None)
+    assert params["bound"] == BOUND and sum(c["queries"] for c in rule["checks"].values()) == 68892
+    data = json.loads(json.dumps(PROFILE.data))
+    data["name"] = name
+    _set_split_k(data, params, ("splitk2",))
+    with open(prof / f"{name}.json", "w") as f:
+        json.dump(data, f)
+    p = Profile.from_file(str(prof / f"{name}.json"))
+    n = 0
+    for c, M, N, K, ch in rows_of(os.path.join(DATA, "heur_splitk2.json.gz")):
+        assert p.plan(M, N, K, c["fast_accum"], c["scale_mode"], c["a_dtype"], c["b_dtype"],
+                      c["out_dtype"]).splits == _slices(K, int(ch, 36))
+        n += 1
+    assert n == 56
+    with pytest.raises(UnsupportedShape, match="not in the profile's recorded tables"):
+        p.plan(3, 48, 9008, True)
