@@ -53,9 +53,10 @@ def test_model_like_shapes():
     sigs = _sigs(200, model_share=1.0, outside_share=0.0, max_mac=2 ** 40)
     for s in sigs:
         assert s["model_like"] and (s["N"], s["K"]) in lp.MODEL_NK[s["source"]]
-        assert s["N"] <= 16384 and s["K"] <= 16384 or (s["N"], s["K"]) == (24576, 8192)
+        dom = H200.data["modes"][s["scaling"]]["split_k"]["domain"]
+        assert lp.in_domain(dom, s["M"], s["N"], s["K"])
         N, K = s["N"], s["K"]
-        cap = min(16384, 2 ** 40 // (N * K), (2 ** 30 - N * K) // (K + 4 * N))
+        cap = min(dom["M"][1], 2 ** 40 // (N * K), (2 ** 30 - N * K) // (K + 4 * N))
         in_tokens = any(lo <= s["M"] <= hi for lo, hi in lp.TOKEN_RANGES) or s["M"] == cap
         assert in_tokens or (s["source"] == "evo2" and s["M"] % 16 == 0)
     assert {"evo2", "llama3-8b"} <= {s["source"] for s in sigs}
