@@ -18,7 +18,8 @@ import jsonschema
 from .call import Call, Epilogue
 from .formats import FP8_FORMATS
 from .instruction import InstructionModel
-from .schedule import Plan, SplitKRule, slices_for
+from .schedule import Plan, SplitKRule, UnsupportedShape, slices_for
+from .splitk import no_algorithm
 
 __all__ = ["Profile", "profiles", "get_profile", "load_schema", "ProfileFeatureError"]
 
@@ -117,6 +118,10 @@ class Profile:
         if call is None:
             self.check_features(a_format, b_format, out_dtype, scaling, bias_dtype)
             plan = self.plan(M, N, K, fast_accum, scaling, a_format, b_format, out_dtype)
+            why = no_algorithm(self.mode(scaling)["split_k"].get("no_algorithm"), M, N, K, fast_accum,
+                               bias_dtype is not None)
+            if why is not None:
+                raise UnsupportedShape(why)
             call = Call(M, N, K, FP8_FORMATS[a_format], FP8_FORMATS[b_format], out_dtype, scaling, bias_dtype,
                         bool(fast_accum), plan, self.instruction, Epilogue.from_mode(self.mode(scaling), out_dtype),
                         self.name)

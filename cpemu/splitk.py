@@ -27,7 +27,8 @@ from importlib import resources
 
 from .splitk_complete import lookup
 
-__all__ = ["UnsupportedShape", "SplitKRule", "split_bound", "splits_from_rule", "load_table", "combo_key"]
+__all__ = ["UnsupportedShape", "SplitKRule", "split_bound", "splits_from_rule", "load_table", "combo_key",
+           "no_algorithm"]
 
 
 class UnsupportedShape(ValueError):
@@ -143,3 +144,20 @@ class SplitKRule:
         if self.kind == "none":
             return 1
         return splits_from_rule(self.params or {}, M, N, K, fast_accum, combo, self.base_dir)
+
+
+def no_algorithm(spec: dict | None, M: int, N: int, K: int, fast_accum: bool, has_bias: bool) -> str | None:
+    """Why the library may have no algorithm for this call, where the mode's split-K section
+    records such a region (``no_algorithm``: bias and fast accumulation where the split bound
+    :func:`split_bound` is at least ``bound_at_least``), else None. Inside the region the
+    heuristic answers only some shapes and torch raises for the rest; cpemu does not guess
+    which."""
+    if not spec or not has_bias or not fast_accum:
+        return None
+    u = split_bound(spec["bound"], M, N, K)
+    if u < spec["bound_at_least"]:
+        return None
+    return (f"cuBLASLt may have no algorithm for M={M}, N={N}, K={K} with bias and fast accumulation in this "
+            f"scaling mode (the split bound is {u} >= {spec['bound_at_least']}): torch raises "
+            f"CUBLAS_STATUS_NOT_SUPPORTED for most such shapes, and which ones it answers is not recorded "
+            f"(cpemu does not guess)")
