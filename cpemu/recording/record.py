@@ -27,6 +27,7 @@ import json
 import os
 from collections import Counter
 
+from ..call import Order
 from ..cases import SUITES, suite
 from ..profile import Profile, get_profile
 from ..truth import verify_folder
@@ -147,7 +148,15 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
     _set_split_k(data, params, suites)
 
     report = {"profile": name, "truth": summary, "split_k_rule": rule}
-    candidates = [None] + [(p, o) for p in (4, 8, 2) for o in ("acc*(sa*sb)", "(acc*sa)*sb", "(acc*sb)*sa")]
+    _choose_schedule(data, base, name, prof_dir, truth_dir, jobs, report, echo)
+    _write_json(os.path.join(out_dir, "report.json"), report)
+    return report
+
+
+def _choose_schedule(data: dict, base, name: str, prof_dir: str, truth_dir: str, jobs: int, report: dict, echo):
+    """Write the profile with the first schedule candidate (the base profile's, then promotion
+    intervals x epilogue orders) that reproduces every recording; the report says which."""
+    candidates = [None] + [(p, o) for p in (4, 8, 2) for o in (x.value for x in Order)]
     for cand in candidates:
         trial = json.loads(json.dumps(data))
         if cand is not None:
@@ -182,5 +191,3 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
         _write_json(os.path.join(prof_dir, f"{name}.json"), data)
         report["status"] = base.status
         report["first_mismatches"] = [r.__dict__ for r in results if r.status != "match"][:20]
-    _write_json(os.path.join(out_dir, "report.json"), report)
-    return report
