@@ -119,7 +119,7 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
     fa, fb = _check_operands(a, b, a_format, b_format, on_gpu)
     M, K = a.shape
     N = b.shape[1]
-    if out_dtype not in OUT_DTYPES:
+    if not isinstance(out_dtype, str) or out_dtype not in OUT_DTYPES:
         _fail("out_dtype", f"must be one of {sorted(OUT_DTYPES)}", repr(out_dtype))
     if not isinstance(fast_accum, (bool, np.bool_)):
         _fail("fast_accum", "must be a bool", type(fast_accum).__name__)
@@ -131,6 +131,8 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
         _fail("backend", f"must be 'auto' or one of {backends.LADDER}", repr(backend))
     if M == 0:  # torch returns an empty (0, N) result
         prof.check_features(fa.name, fb.name, out_dtype, scaling, bias_dtype)
+        if backend != "auto":
+            backends.select(backend, prof)  # a backend asked for by name must be able to run here
         y = np.empty((0, N), dtype=OUT_DTYPES[out_dtype])
         return __import__("cupy").asarray(y.view(np.float32 if out_dtype == "float32" else np.uint16)) \
             if on_gpu else y
@@ -161,6 +163,10 @@ def _check_operands(a, b, a_format, b_format, on_gpu: bool):
     else:
         fa = _check_operand(a, "a")
         fb = _check_operand(b, "b")
+        for name, fmt, given in (("a", fa, a_format), ("b", fb, b_format)):
+            if given is not None and fp8_format(given) is not fmt:
+                _fail(f"{name}_format", f"must name the dtype of the numpy operand {name} ({fmt.name}) or be None",
+                      repr(given))
     M, K = a.shape
     K2, N = b.shape
     if K != K2:

@@ -268,10 +268,22 @@ def _print_info(r: dict, cuda: dict):
 
 # --------------------------------------------------------------------------- gemm
 
+def _read_npy(path: str, arg: str) -> np.ndarray:
+    """The array of a .npy file, or a ClickException naming the option, the file and the rule."""
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise click.ClickException(f"{arg}: {path} is not a readable .npy file of FP8 codes "
+                                   f"({type(e).__name__}: {_one_line(e)})") from None
+    if not isinstance(x, np.ndarray):  # an .npz archive under another name
+        raise click.ClickException(f"{arg}: {path} is an .npz archive, not a .npy file of one array")
+    return x
+
+
 def _load_operand(path: str, fmt_name: str | None, arg: str) -> np.ndarray:
     """An FP8 operand from .npy: uint8 codes (or the raw 1-byte records np.save writes for
     ml_dtypes arrays) viewed as ``fmt_name``, or an array already of an FP8 dtype."""
-    x = np.load(path, allow_pickle=False)
+    x = _read_npy(path, arg)
     fmt = FP8_FORMATS[fmt_name or "e4m3"]
     if x.dtype in (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)):
         got = "e4m3" if x.dtype == np.dtype(ml_dtypes.float8_e4m3fn) else "e5m2"
@@ -459,7 +471,8 @@ def _fmt_name(x: np.ndarray) -> str:
 @click.option("--backend", default="auto", show_default=True)
 @click.option("--show", type=int, default=10, show_default=True, help="How many mismatches/errors to list.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
-@click.option("--jobs", default=1, show_default=True, help="Processes (the reference backend is single-threaded).")
+@click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Processes (the reference backend is single-threaded).")
 def verify(truth_dir, profile_spec, backend, show, as_json, jobs):
     """Recompute a GPU truth recording (TRUTH_DIR/manifest.json) and compare bits.
 

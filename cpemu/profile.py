@@ -60,9 +60,15 @@ class Profile:
         """Load and validate a profile JSON file (e.g. one written by ``cpemu record``)."""
         import os
 
-        with open(path) as f:
-            data = json.load(f)
-        jsonschema.validate(data, load_schema("profile"))
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"profile: cannot read the profile file {path!r}: {e.strerror or e}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"profile: {path!r} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") \
+                from None
+        _validate(data, path)
         return cls(data["name"], data, os.path.dirname(os.path.abspath(path)))
 
     @property
@@ -160,11 +166,21 @@ class Profile:
                     f"(profile {self.name!r}), got {bias_dtype}")
 
 
+def _validate(data, where: str) -> None:
+    """The profile schema's verdict as a ValueError naming the file, the place and the rule."""
+    try:
+        jsonschema.validate(data, load_schema("profile"))
+    except jsonschema.ValidationError as e:
+        at = "/".join(str(p) for p in e.absolute_path) or "(top level)"
+        raise ValueError(f"profile: {where!r} does not follow schemas/profile.schema.json at {at}: "
+                         f"{e.message[:300]}") from None
+
+
 @lru_cache(maxsize=None)
 def _load(name: str) -> Profile:
     path = resources.files("cpemu.profile_data").joinpath(f"{name}.json")
     data = json.loads(path.read_text())
-    jsonschema.validate(data, load_schema("profile"))
+    _validate(data, f"{name}.json")
     if data["name"] != name:
         raise ValueError(f"profile file {name}.json names itself {data['name']!r}")
     return Profile(name, data)
