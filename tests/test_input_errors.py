@@ -94,3 +94,49 @@ def test_cli_bad_operand_files_name_the_file(tmp_path, kind):
 def test_cli_verify_jobs_must_be_positive(tmp_path, jobs):
     r = CliRunner().invoke(main, ["verify", str(tmp_path), "--jobs", jobs])
     assert r.exit_code == 2 and "--jobs" in r.output
+
+
+# --------------------------------------------------------------------------- FP8Linear
+
+def _w(n=32, k=64):
+    torch = pytest.importorskip("torch")
+    return torch.zeros((n, k), dtype=torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("scale, rule", [("two", "input_scale: must be one positive finite number"),
+                                         ([1.0, 2.0], "input_scale: must be one number"),
+                                         (0.0, "input_scale: must be positive and finite"),
+                                         (float("nan"), "input_scale: must be positive and finite"),
+                                         (float("inf"), "input_scale: must be positive and finite")])
+def test_fp8linear_input_scale(scale, rule):
+    import cpemu.torch as ct
+
+    with pytest.raises(ValueError, match=rule):
+        ct.FP8Linear(_w(), 1.0, scale)
+
+
+def test_fp8linear_weight_scale_inv_shape():
+    torch = pytest.importorskip("torch")
+    import cpemu.torch as ct
+
+    with pytest.raises(ValueError, match="weight_scale_inv: must be one number"):
+        ct.FP8Linear(_w(), torch.ones(2), 1.0)
+
+
+@pytest.mark.parametrize("shape", [(32, 40), (24, 64)])
+def test_fp8linear_features_multiple_of_16(shape):
+    import cpemu.torch as ct
+
+    with pytest.raises(ValueError, match="weight_fp8: in_features and out_features must be positive multiples"):
+        ct.FP8Linear(_w(*shape), 1.0, 1.0)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bool", "float8_e4m3fn"])
+def test_fp8linear_input_dtype(dtype):
+    torch = pytest.importorskip("torch")
+    import cpemu.torch as ct
+
+    layer = ct.FP8Linear(_w(), 1.0, 1.0)
+    x = torch.zeros((3, 64), dtype=getattr(torch, dtype))
+    with pytest.raises(ValueError, match="input: must be a floating-point tensor"):
+        layer(x)

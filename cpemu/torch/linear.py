@@ -69,11 +69,14 @@ class FP8Linear(torch.nn.Module):
         if not isinstance(weight_fp8, torch.Tensor) or weight_fp8.dtype != torch.float8_e4m3fn \
                 or weight_fp8.dim() != 2:
             raise ValueError("weight_fp8: must be a 2-D (out_features, in_features) torch.float8_e4m3fn tensor")
+        if weight_fp8.shape[1] % 16 or weight_fp8.shape[0] % 16 or not weight_fp8.shape[1]:
+            raise ValueError(f"weight_fp8: in_features and out_features must be positive multiples of 16, as "
+                             f"torch._scaled_mm requires (got shape {tuple(weight_fp8.shape)})")
         dev = weight_fp8.device
-        wsi = torch.as_tensor(weight_scale_inv, dtype=torch.float32, device=dev).detach().reshape(())
-        isc = torch.as_tensor(input_scale, dtype=torch.float32, device=dev).detach().reshape(())
-        isi = (torch.reciprocal(isc) if input_scale_inv is None
-               else torch.as_tensor(input_scale_inv, dtype=torch.float32, device=dev).detach().reshape(()))
+        wsi = _scalar_scale(weight_scale_inv, "weight_scale_inv", dev)
+        isc = _scalar_scale(input_scale, "input_scale", dev)
+        isi = torch.reciprocal(isc) if input_scale_inv is None else _scalar_scale(input_scale_inv, "input_scale_inv",
+                                                                                   dev)
         get_profile(profile)
         self.profile = profile
         self.backend = backend
@@ -141,6 +144,10 @@ class FP8Linear(torch.nn.Module):
         return y[:M] if pad else y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dtype in _FP8_DTYPES:
+            raise ValueError(f"input: must be a floating-point tensor (bf16, fp16 or fp32), quantised here with "
+                             f"input_scale; pass E4M3 codes to forward_fp8 (got "
+                             f"{getattr(x, 'dtype', type(x).__name__)})")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input: last dimension must be in_features = {self.in_features} "
                              f"(got shape {tuple(x.shape)})")
@@ -148,3 +155,20 @@ class FP8Linear(torch.nn.Module):
         q = self.quantize_input(x.reshape(-1, self.in_features))
         y = self.forward_fp8(q)
         return y.reshape(*lead, self.out_features)
+
+
+_FP8_DTYPES = {torch.float8_e4m3fn, torch.float8_e5m2}
+
+
+def _scalar_scale(value, name: str, device) -> torch.Tensor:
+    """A per-tensor scale as a float32 0-d tensor on ``device``: one positive finite value."""
+    try:
+        t = torch.as_tensor(value, dtype=torch.float32, device=device).detach()
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{name}: must be one positive finite number (got {type(value).__name__}: {e})") from None
+    if t.numel() != 1:
+        raise ValueError(f"{name}: must be one number (a per-tensor scale), got shape {tuple(t.shape)}")
+    v = float(t.reshape(()).cpu())
+    if not (v > 0 and v != float("inf")):
+        raise ValueError(f"{name}: must be positive and finite (got {v})")
+    return t.reshape(())
