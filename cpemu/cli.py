@@ -354,6 +354,8 @@ def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, p
     """
     notes: list[str] = []
     with _clean_errors():
+        if out_path and not os.path.isdir(os.path.dirname(os.path.abspath(out_path))):
+            raise click.ClickException(f"--out: the folder of {out_path} does not exist (checked before computing)")
         prof = _resolve_profile(profile_spec)
         if a_path is not None or b_path is not None:
             A, B, source = _file_operands(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows)

@@ -140,3 +140,14 @@ def test_fp8linear_input_dtype(dtype):
     x = torch.zeros((3, 64), dtype=getattr(torch, dtype))
     with pytest.raises(ValueError, match="input: must be a floating-point tensor"):
         layer(x)
+
+
+def test_cli_out_into_a_missing_folder_fails_before_computing(tmp_path, monkeypatch):
+    import cpemu.cli as cli
+
+    def no_gemm(*a, **k):
+        raise AssertionError("computed before checking --out")
+
+    monkeypatch.setattr(cli, "_gemm", no_gemm)
+    r = CliRunner().invoke(main, ["gemm", "--out", str(tmp_path / "missing" / "y.npy")])
+    assert r.exit_code != 0 and "--out: the folder of" in r.output and "Traceback" not in r.output
