@@ -251,6 +251,28 @@ def test_enumerator_resumes_and_merges(tmp_path):
         rule.splits(1, 16, 6416, True)  # past the grid
 
 
+def test_enumerator_takes_the_first_widths_first_and_mixes_orders(tmp_path):
+    """Pairs of the listed N are asked first; a run in another order (same number of workers)
+    skips what the first run finished and asks nothing twice."""
+    rec = str(tmp_path / "rec")
+    plan = _small_plan()
+    se._start(rec, plan)
+    asked = []
+
+    def ask(M, N, K, c):
+        asked.append((M, N))
+        return _fake(M, N, K, c)
+
+    assert sum(se.run_worker(rec, w, 2, ask, max_pairs=3, first_n=(48,)) for w in range(2)) == 6
+    assert {n for _, n in dict.fromkeys(asked)} == {48}
+    n48 = sum(1 for p in se.open_pairs(plan) if p[1] == 48)
+    rest = sum(se.run_worker(rec, w, 2, ask) for w in range(2))
+    assert rest == len(se.open_pairs(plan)) - 6 and n48 > 6
+    per_pair = len(se.k_grid(plan)) * len(plan["combos"])
+    assert len(asked) == len(se.open_pairs(plan)) * per_pair  # nothing asked twice
+    assert se.status(rec)["pairs_done"] == len(se.open_pairs(plan))
+
+
 def test_enumerator_refuses_another_plan(tmp_path):
     rec = str(tmp_path / "rec")
     se._start(rec, _small_plan())

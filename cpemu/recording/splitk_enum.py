@@ -37,7 +37,7 @@ from .splitk_query import CONFIG_FIELDS
 from .splitk_rule import BOUND
 from .splitk_table import combos
 
-__all__ = ["default_plan", "open_pairs", "k_grid", "plan_combos", "run_worker", "read_part", "merge", "status"]
+__all__ = ["default_plan", "open_pairs", "pair_order", "k_grid", "plan_combos", "run_worker", "read_part", "merge", "status"]
 
 
 
@@ -101,23 +101,34 @@ def _runs(ids: list[int]) -> list[int]:
     return out
 
 
-def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max_pairs: int | None = None) -> int:
+def pair_order(plan: dict, first_n=()) -> list[tuple[int, int]]:
+    """The open pairs in the order they are asked: those whose N is in ``first_n`` (e.g. the output
+    widths of public models, whose decode-size calls hit the split region), M ascending, then the
+    rest. The order is a schedule of the work only: which pairs are done is read from the part files."""
+    pairs = open_pairs(plan)
+    first = set(int(n) for n in first_n)
+    return [p for p in pairs if p[1] in first] + [p for p in pairs if p[1] not in first]
+
+
+def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max_pairs: int | None = None,
+               first_n=()) -> int:
     """Worker ``w`` of ``W``: ask ``ask(M, N, K, combo) -> FIELDS tuple | None`` for the pairs
-    ``w, w + W, ...`` that no part file holds yet, appending each finished pair to its own file;
-    stops at ``deadline`` (time.time()) or after ``max_pairs``. Returns the pairs finished."""
+    ``w, w + W, ...`` of :func:`pair_order` that no part file holds yet, appending each finished
+    pair to its own file; stops at ``deadline`` (time.time()) or after ``max_pairs``. Returns the
+    pairs finished."""
     with open(os.path.join(rec, "plan.json")) as f:
         plan = json.load(f)
     path = _part_path(rec, w, W)
     configs, done = read_part(path)
     _truncate_to_complete_lines(path)
-    for other in _parts(rec):  # pairs finished by an earlier run with another number of workers
-        if other != path and not other.endswith(f"-of-{W:03d}.jsonl"):
+    for other in _parts(rec):  # pairs finished by any other worker (another order or number of workers)
+        if other != path:
             done.update(read_part(other)[1])
     ids = {c: i for i, c in configs.items()}
     ks = k_grid(plan)
     n = 0
     with open(path, "a") as out:
-        for M, N in open_pairs(plan)[w::W]:
+        for M, N in pair_order(plan, first_n)[w::W]:
             if (M, N) in done:
                 continue
             if (deadline is not None and time.time() >= deadline) or (max_pairs is not None and n >= max_pairs):
@@ -205,14 +216,15 @@ def _start(rec: str, plan: dict) -> None:
 
 
 def _gpu_worker(args):
-    rec, w, W, ws, deadline = args
+    rec, w, W, ws, deadline, first_n = args
     from .splitk_query import Querier
 
     q = Querier(ws)
-    return run_worker(rec, w, W, q.ask, deadline)
+    return run_worker(rec, w, W, q.ask, deadline, first_n=first_n)
 
 
-def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_bytes: int | None = None, echo=print):
+def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_bytes: int | None = None, echo=print,
+                 first_n=()):
     """Start or continue the record with ``jobs`` processes for at most ``seconds``."""
     from .splitk_query import probe_workspace
 
@@ -226,7 +238,8 @@ def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_byte
     t0 = time.time()
     deadline = t0 + seconds
     with mp.get_context("spawn").Pool(jobs) as pool:
-        n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline) for w in range(jobs)]))
+        n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline, tuple(first_n))
+                                       for w in range(jobs)]))
     st = status(rec)
     echo(f"[splitk-enum] {n} pairs in {time.time() - t0:.0f}s; {st['pairs_done']}/{st['pairs_total']} pairs done")
     return st
@@ -244,8 +257,14 @@ def cli():
 @click.option("--n-max", type=int, default=65536)
 @click.option("--k-max", type=int, default=65536)
 @click.option("--k-step", type=int, default=16)
-def run_cmd(rec, jobs, seconds, n_max, k_max, k_step):
-    st = run_parallel(rec, default_plan(n_max, k_max, k_step), jobs, seconds, echo=lambda m: click.echo(m, err=True))
+@click.option("--first-n", default="", help="comma list of N whose pairs are asked first (e.g. model widths)")
+def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, first_n):
+    try:
+        first = tuple(int(x) for x in first_n.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"must be a comma list of integers (got {first_n!r})", param_hint="--first-n")
+    st = run_parallel(rec, default_plan(n_max, k_max, k_step), jobs, seconds, echo=lambda m: click.echo(m, err=True),
+                      first_n=first)
     click.echo(json.dumps(st))
 
 
