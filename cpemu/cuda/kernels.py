@@ -357,9 +357,12 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     nan_raw = (mode.get("nan_bits") or {}).get(out_dtype) if isinstance(mode, dict) else None
     fa, fb, L, F, R, slices, promotion, order, nan_bits = _config(a_format, b_format, plan, model, K, order_name,
                                                                   out_dtype, nan_raw)
+    rowwise = tensorcore._size(scale_a) != 1 or tensorcore._size(scale_b) != 1
+    call = Call(M, N, K, fa, fb, out_dtype, "rowwise" if rowwise else "tensorwise",
+                None if bias_f32 is None else out_dtype, plan.promotion is None, plan, model,
+                Epilogue(Order(order_name), nan_bits), "")
     if kernel_family == TENSOR_CORE:  # scales are checked and uploaded (once per value) there
-        return tensorcore.gemm_tc(a, bt, fa.name, fb.name, plan, model, mode, scale_a, scale_b, bias_f32,
-                                  out_dtype, plan.promotion is None, device=device)
+        return tensorcore.run(call, Operands(a, bt, scale_a, scale_b, bias_f32), device)
     sa = _vector(scale_a, "scale_a", cupy, device, lambda s: int(np.prod(s)) == 1 or s == (M, 1),
                  f"one element (tensorwise) or shape (M, 1) = ({M}, 1) (rowwise)")
     sb = _vector(scale_b, "scale_b", cupy, device, lambda s: int(np.prod(s)) == 1 or s == (1, N),
@@ -369,9 +372,6 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     if simple_kernel == "staged" and simple_kernel_for(F) != "staged":
         _fail("simple_kernel", "'staged' computes instruction models with F in [{}, {}] only".format(
             *SIMPLE_STAGED_F), f"F = {F}")
-    call = Call(M, N, K, fa, fb, out_dtype, "tensorwise" if sa.size == 1 and sb.size == 1 else "rowwise",
-                None if bias is None else out_dtype, plan.promotion is None, plan, model,
-                Epilogue(Order(order_name), nan_bits), "")
     with cupy.cuda.Device(device):
         return launch(kernel_family, call, Operands(a, bt, sa, sb, bias), defines=defines, tiled_module=tiled_module,
                       simple_kernel=simple_kernel)

@@ -42,11 +42,10 @@ import threading
 import numpy as np
 
 from ..backends import TENSOR_CORE
-from ..call import Call, Epilogue, Operands, Order
-from ..formats import FP8_FORMATS
+from ..call import Order
 from ..schedule import Plan, slices_for
 
-__all__ = ["TensorCoreUnsupported", "available", "supports", "static_reason", "reason", "gemm_tc", "run", "signature",
+__all__ = ["TensorCoreUnsupported", "available", "supports", "static_reason", "reason", "run", "signature",
            "launch", "describe"]
 
 NAME = TENSOR_CORE
@@ -405,31 +404,12 @@ def reason(call, device: int) -> str | None:
     return None
 
 
-def gemm_tc(a_codes, bt_codes, a_format: str, b_format: str, plan: Plan, model, mode: dict, scale_a, scale_b,
-            bias_f32, out_dtype: str, fast_accum: bool, device: int | None = None):
-    """The profile's bits on the device's tensor cores (see the module docstring), for
-    :func:`cpemu.cuda.kernels.gemm_cuda`.
-
-    Arguments as :func:`cpemu.cuda.kernels.gemm_cuda` (operands already checked there;
-    scales numpy or cupy float32: one element each, or (M, 1) and (1, N) for rowwise),
-    plus ``fast_accum`` and ``device``, the operands' device (read from ``a_codes`` when
-    None). Raises :class:`TensorCoreUnsupported` for calls this path does not reproduce.
-    Returns a cupy (M, N) array: float32, or uint16 bits for bfloat16/fp16.
-    """
-    M, K = a_codes.shape
-    N = bt_codes.shape[0]
-    scaling = "tensorwise" if (_size(scale_a) == 1 and _size(scale_b) == 1) else "rowwise"
-    call = Call(M, N, K, FP8_FORMATS[a_format], FP8_FORMATS[b_format], out_dtype, scaling,
-                None if bias_f32 is None else out_dtype, bool(fast_accum), plan, model,
-                Epilogue.from_mode(mode, out_dtype), "")
-    return run(call, Operands(a_codes, bt_codes, scale_a, scale_b, bias_f32),
-               a_codes.data.device_id if device is None else device)
-
-
 def run(call, ops, device: int | None = None):
-    """``call`` on the device's tensor cores: ``ops`` as for the exact kernels (cupy codes on
-    ``device``, default the operands' device). Raises :class:`TensorCoreUnsupported` for a
-    call this path does not reproduce."""
+    """``call`` (a :class:`~cpemu.call.Call`) on the device's tensor cores: ``ops`` as for the
+    exact kernels (cupy (M, K) and (N, K) codes on ``device``, default the operands' device;
+    scales numpy or cupy float32, one element each or M and N of them; bias None or float32
+    (N,)). Raises :class:`TensorCoreUnsupported` for a call this path does not reproduce.
+    Returns a cupy (M, N) array: float32, or uint16 bits for bfloat16/fp16."""
     cupy = _cupy()
     if device is None:
         device = ops.a.data.device_id
@@ -478,7 +458,7 @@ def launch(sig, device: int, stream: int, a_ptr: int, bt_ptr: int, out_ptr: int,
            bias_ptr: int | None) -> None:
     """One ``cublasLtMatmul`` of a prepared signature on raw device pointers, on ``stream``.
 
-    The caller guarantees what :func:`gemm_tc` checks: ``a`` (M, K) and ``bt`` (N, K)
+    The caller guarantees what :func:`run` checks: ``a`` (M, K) and ``bt`` (N, K)
     C-contiguous uint8 codes at 256-byte aligned addresses (padded already for an Ada
     signature), ``out`` (M, N) C-contiguous of the signature's output dtype, float32 scales
     of one element each (tensorwise) or M and N contiguous elements (rowwise), and a bias

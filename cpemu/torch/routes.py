@@ -42,6 +42,11 @@ def _route(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, backend, 
     return _general_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, backend, rowwise, on_device)
 
 
+def _device_codes(cupy, a, b):
+    """cupy views (no copy) of dense CUDA operands' codes: a (M, K) and bt (N, K), C-contiguous."""
+    return cupy.asarray(a.detach().view(torch.uint8)), cupy.asarray(b.detach().view(torch.uint8)).T
+
+
 def _dense_operands(a, b):
     """``a`` row-major and ``b`` column-major with padded leading dimensions (which torch
     accepts), made dense on the device: a (M, K) C-contiguous, b the transpose of a
@@ -160,10 +165,8 @@ def _exact_kernel_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accu
             return None
         bias_f32 = None if bias is None else bias.detach().reshape(-1).float()  # on torch's stream
         with _cupy_stream(cupy, torch.cuda.current_stream(a.device), index):
-            ops = Operands(cupy.asarray(a.detach().view(torch.uint8)),
-                           cupy.asarray(b.detach().view(torch.uint8)).T,  # (N, K), C-contiguous
-                           cupy.asarray(scale_a.detach()), cupy.asarray(scale_b.detach()),
-                           None if bias_f32 is None else cupy.asarray(bias_f32))
+            ops = Operands(*_device_codes(cupy, a, b), cupy.asarray(scale_a.detach()),
+                           cupy.asarray(scale_b.detach()), None if bias_f32 is None else cupy.asarray(bias_f32))
             y = _queue_then_check_scales(cupy, index, _current_stream_ptr(a.device), scale_a, scale_b, rowwise,
                                          prof, lambda: backends.get(chosen).run(call, ops))
     return _as_torch(cupy, y, out_dt, a.device)
@@ -216,7 +219,6 @@ def _gemm_on_device(a, b, sa, sb, bias_f32, prof, call, backend, out_dt):
     device = a.device
     stream = _cupy_stream(cupy, torch.cuda.current_stream(device), device.index)
     with cupy.cuda.Device(device.index), stream:
-        ops = Operands(cupy.asarray(a.detach().view(torch.uint8)), cupy.asarray(b.detach().view(torch.uint8)).T,
-                       sa, sb, bias_f32)
+        ops = Operands(*_device_codes(cupy, a, b), sa, sb, bias_f32)
         y = backends.run(backends.select(backend, prof, call), call, ops, on_device=True)
     return _as_torch(cupy, y, out_dt, device)
