@@ -109,7 +109,7 @@ def record(tmp_path_factory):
 
 def test_complete_table_is_the_record(record):
     """Every (M, N, K, combination) of the record decodes from the shipped table to the recorded
-    configuration; the record holds 299 pairs of 67,968 answers."""
+    configuration; the record holds 579 pairs of 67,968 answers."""
     plan = json.load(open(os.path.join(record, "plan.json")))
     assert plan == se.default_plan()
     table = load_complete(PARAMS["complete_file"])
@@ -131,7 +131,7 @@ def test_complete_table_is_the_record(record):
                 assert want is not None and got.shape == (nk, len(table.meta["fields"]))
                 assert (got == want).all(), (M, N, key)
             pairs += 1
-    assert pairs == len(table.pairs) == 299
+    assert pairs == len(table.pairs) == 579
 
 
 def test_profile_answers_from_the_complete_table(record):
