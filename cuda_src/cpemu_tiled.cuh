@@ -75,6 +75,12 @@ typedef unsigned long long cpt_u64;
 #ifndef CPT_PROBE_MMA
 #define CPT_PROBE_MMA 0  // measurement builds only: bf16 mma.sync instructions issued per step, results unused
 #endif
+#ifndef CPT_RZACC
+#define CPT_RZACC 0  // 1: pass 2 by the biased round-toward-zero accumulator (cpt_sum_rzacc; F <= 14)
+#endif
+#ifndef CPT_PROBE_SKIP
+#define CPT_PROBE_SKIP 0  // measurement builds only (wrong bits): 1 no pass 1, 2 no count of cpt_sum_rzacc
+#endif
 #ifndef CPT_SUM_UNROLL
 #define CPT_SUM_UNROLL 1  // unrolling of pass 2's loop (fast path), in pairs of K elements
 #endif
@@ -102,8 +108,14 @@ static_assert((CPT_CHUNKS(CPT_BM) % CPT_THREADS == 0 || CPT_THREADS % CPT_CHUNKS
 // that a thread's rows are contiguous.
 template <int R>
 struct CptTile {
+#if CPT_RZACC
+    float v[CPT_KT][R];           // the signed value (0 for NaN / Inf codes)
+    cpt_u32 lam[CPT_KT / 4][R];   // bytes k = 4q..4q+3: 63 - (lambda - lambda_min), 0 for zero / NaN / Inf
+    cpt_u32 sg[CPT_KT / 4][R];    // the same codes' sign bits (the word & 0x80808080)
+#else
     float v[CPT_KT][R];    // fast path: the magnitude |value|; integer path: the significand bits
     cpt_u32 s[CPT_KT][R];  // sign mask: 0, or 0xFFFFFFFF for a code with the sign bit set
+#endif
     union {                         // pass 1's operand, by the kernel's `bf_emax`:
         short e[CPT_KT][R];         // exponent, CPT_SENT for m == 0 (cpt_emax, cpt_sum_int)
         cpt_u32 x2[CPT_KT / 2][R];  // bf16 pairs (codes 2q, 2q + 1) of 2**(6 e), 0 for m == 0
@@ -125,6 +137,9 @@ struct CptShared {
     // 2**(8 (e - 1)) (e4m3, for cpt_emax_bf16; 0 when m == 0) | the exponent (CPT_SENT when
     // m == 0) << 16
     uint2 lut[2][256];
+#if CPT_RZACC
+    cpt_u8 lamlut[2][256];  // per operand and code: its byte of CptTile::lam
+#endif
 };
 
 // kernels.py launches with CPT_SMEM_BYTES of dynamic shared memory (TILED_VARIANTS)
@@ -135,6 +150,10 @@ static_assert(sizeof(CptShared) == CPT_SMEM_BYTES, "shared memory layout: update
 // .ftz. __int2float_rn only converts integers below 2**24 (exact).
 // ------------------------------------------------------------------------ formats
 
+
+// The smallest lambda (exponent of the lowest set bit of a code's value) of a format: its
+// smallest subnormal, 2**(1 - bias - fb).
+__device__ __forceinline__ int cpt_lambda_min(int is_e5m2) { return is_e5m2 ? -16 : -9; }
 
 // Decode tables of both operands into shared memory. Fast path: the exact FP32 magnitude
 // m * 2**(e - fb) (the sign travels as a mask); integer path: m << S0 for A, m for B
@@ -150,6 +169,12 @@ __device__ __forceinline__ void cpt_build_luts(CptShared& sh, int a_fmt, int b_f
             // m * 2**(e - fb): m < 16 converts exactly, the power of two (>= 2**-16) is normal
             const float p2 = __uint_as_float((cpt_u32)(127 + e - cpemu_fp8_frac_bits(fmt)) << 23);
             v = __float_as_uint(cpemu_fmul_rn(__int2float_rn(m), p2));
+#if CPT_RZACC
+            if (sign < 0) v |= 0x80000000u;  // the signed value
+            // lambda = e - fb + tz(m): the exponent of the value's lowest set bit
+            const int lam = m == 0 ? 0 : e - cpemu_fp8_frac_bits(fmt) + __ffs(m) - 1;
+            sh.lamlut[op][code] = (cpt_u8)(m == 0 ? 0 : 63 - (lam - cpt_lambda_min(fmt)));
+#endif
         } else {
             v = op ? (cpt_u32)m : ((cpt_u32)m << S0);
         }
@@ -207,7 +232,8 @@ __device__ __forceinline__ cpt_u32 cpt_sign_nibble(cpt_u32 w) {
 #endif
 template <int R>
 __device__ __forceinline__ void cpt_store(CptTile<R>& t, const uint2 (&raw)[CPT_LOADS(R)],
-                                          const uint2* lut, int is_e5m2, int bf_emax, int klen) {
+                                          const uint2* lut, const cpt_u8* lamlut, int is_e5m2, int bf_emax,
+                                          int klen) {
 #pragma unroll
     for (int q = 0; q < CPT_LOADS(R); ++q) {
         const int c = (int)threadIdx.x + q * CPT_THREADS;
@@ -225,9 +251,21 @@ __device__ __forceinline__ void cpt_store(CptTile<R>& t, const uint2 (&raw)[CPT_
             const uint2 d = lut[__byte_perm(w, 0u, 0x4440u + (b & 3))];
             const int kk = kc * 8 + b;
             t.v[kk][row] = __uint_as_float(d.x);
+#if !CPT_RZACC
             t.s[kk][row] = cpt_sign_bytes(w, b & 3);
+#endif
             xe[b] = d.y;
         }
+#if CPT_RZACC
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const cpt_u32 w = h ? raw[q].y : raw[q].x;
+            const cpt_u32 l01 = __byte_perm(lamlut[w & 0xFFu], lamlut[(w >> 8) & 0xFFu], 0x0040u);
+            const cpt_u32 l23 = __byte_perm(lamlut[(w >> 16) & 0xFFu], lamlut[w >> 24], 0x0040u);
+            t.lam[kc * 2 + h][row] = __byte_perm(l01, l23, 0x5410u);
+            t.sg[kc * 2 + h][row] = w & 0x80808080u;
+        }
+#endif
         if (bf_emax) {
 #pragma unroll
             for (int h = 0; h < 4; ++h) t.x2[kc * 4 + h][row] = __byte_perm(xe[2 * h], xe[2 * h + 1], 0x5410u);
@@ -409,6 +447,78 @@ __device__ __forceinline__ void cpt_load_vs(const CptTile<R>& t, int kk, int r0,
     }
 }
 
+#if CPT_RZACC
+// Pass 2 by the biased accumulator (F <= 14; kernels.py checks): for each output, X = B + c
+// truncated, B = 1.5 * 2**(g + 23) with g = e_max - F: X's binade [2**(g+23), 2**(g+24)) has
+// the ulp 2**g, and every partial sum stays in it (|c| < 2**(e_max+1), each |product| <
+// 2**(e_max+2), L <= 32 products: |X - B| < 2**(e_max+8) <= 2**(g+22) for F <= 14). Each product
+// is then one fma.rz(a, b, X) of the signed values, which adds exactly floor(a*b / 2**g) * 2**g.
+// floor differs from the reference's truncation toward zero by one unit for a negative product
+// with bits below 2**g, i.e. lambda_a + lambda_b < g (lambda: the exponent of an operand's lowest
+// set bit; the product of two odd significands is odd). Those are counted four at a time from
+// bytes na = 63 - (lambda_a - lambda_min_a) and nb likewise (0 for zero codes):
+//     x = na + nb + T, T = clamp(g - 1 - lambda_min_a - lambda_min_b, -1, 62) + 2,
+// whose bit 7 is set exactly for a nonzero pair with lambda_a + lambda_b <= g - 1 (x stays in
+// [1, 190]: no carry between bytes; a zero code gives x <= 127), ANDed with the XOR of the sign
+// bits and summed by dp4a (128 per counted product). The count is added to X's bit pattern (one
+// ulp each), X - B is exact (Sterbenz), and clearing the low 23 - R bits rounds it toward zero to
+// R fraction bits. cpemu/rzacc_twin.py is this arithmetic in numpy, with these claims asserted.
+__device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx, int klen,
+                                              const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
+                                              int F, int lmin, cpt_u32 rmask, float (&out)[CPT_TM][CPT_TN]) {
+    float X[CPT_TM][CPT_TN];     // the biased accumulator
+    cpt_u32 T4[CPT_TM][CPT_TN];  // T in every byte
+    cpt_u32 cnt[CPT_TM][CPT_TN]; // 128 * the products to move up by one unit
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            const int g = em[i][j] - F;  // em >= -126 (the exponent of c counts), so g + 23 >= -116
+            const cpt_u32 Cb = (cpt_u32)(g + 150) << 23;  // 2**(g + 23)
+            // c truncated toward zero to the grid 2**g: RZ(c + Cs) - Cs, Cs = +-2**(g+23) of c's sign
+            const float Cs = __uint_as_float(Cb | (__float_as_uint(acc[i][j]) & 0x80000000u));
+            const float ct = cpemu_fsub_rn(cpemu_fadd_rz(acc[i][j], Cs), Cs);
+            X[i][j] = cpemu_fadd_rn(__uint_as_float(Cb | 0x400000u), ct);  // exact: both on the grid, in the binade
+            T4[i][j] = (cpt_u32)(min(max(g - 1 - lmin, -1), 62) + 2) * 0x01010101u;
+            cnt[i][j] = 0u;
+        }
+CPT_UNROLL(CPT_SUM_UNROLL)
+    for (int kk = 0; kk < klen; kk += 4) {  // klen is a multiple of 8
+        float va[4][CPT_TM], vb[4][CPT_TN];
+        cpt_u32 la[CPT_TM], lb[CPT_TN], sa[CPT_TM], sb[CPT_TN];
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+            cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.a.v[kk + h][ty * CPT_TM]),
+                           reinterpret_cast<cpt_u32(&)[CPT_TM]>(va[h]));
+            cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.b.v[kk + h][tx * CPT_TN]),
+                           reinterpret_cast<cpt_u32(&)[CPT_TN]>(vb[h]));
+        }
+        cpt_load_words(&sh.a.lam[kk / 4][ty * CPT_TM], la);
+        cpt_load_words(&sh.b.lam[kk / 4][tx * CPT_TN], lb);
+        cpt_load_words(&sh.a.sg[kk / 4][ty * CPT_TM], sa);
+        cpt_load_words(&sh.b.sg[kk / 4][tx * CPT_TN], sb);
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) {
+#pragma unroll
+                for (int h = 0; h < 4; ++h) X[i][j] = cpemu_fma_rz(va[h][i], vb[h][j], X[i][j]);
+#if !(CPT_PROBE_SKIP & 2)
+                const cpt_u32 x = la[i] + lb[j] + T4[i][j];
+                cnt[i][j] = __dp4a(x & (sa[i] ^ sb[j]), 0x01010101u, cnt[i][j]);
+#endif
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            const cpt_u32 Bb = ((cpt_u32)(em[i][j] - F + 150) << 23) | 0x400000u;
+            const float Xc = __uint_as_float(__float_as_uint(X[i][j]) + (cnt[i][j] >> 7));
+            out[i][j] = __uint_as_float(__float_as_uint(cpemu_fsub_rn(Xc, __uint_as_float(Bb))) & rmask);
+        }
+}
+#else
 // Pass 2, fast path (F <= 16): out[i][j] = the step's result before NaN/Inf handling (see
 // the file comment: T = RZ(|a| * |b| + C), y = bits(T) ^ sign mask, summed as integers).
 __device__ __forceinline__ void cpt_sum_fast(const CptStage& sh, int ty, int tx, int klen,
@@ -519,6 +629,8 @@ __device__ __forceinline__ void cpt_sum_int(const CptStage& sh, int ty, int tx, 
         for (int j = 0; j < CPT_TN; ++j) out[i][j] = cpemu_round_sum(S[i][j], em[i][j] - F, R);
 }
 
+#endif  // CPT_RZACC
+
 // formats.encode_output for one value (cpemu_fp32.cuh's conversions).
 __device__ __forceinline__ cpt_u32 cpt_encode(float y, int out_kind, cpt_u32 nan_bits) {
     const cpt_u32 u = __float_as_uint(y);
@@ -573,8 +685,13 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
         const int s = cur.s, k = cur.k, ke = cur.ke, k0 = cur.k0, k1 = cur.k1, cstart = cur.cstart, cend = cur.cend;
 
         __syncthreads();  // the previous step is done with the stage (and the LUTs are built)
-        cpt_store(sh.st.a, ra, sh.lut[0], a_fmt, bf_emax, ke - k);
-        cpt_store(sh.st.b, rb, sh.lut[1], b_fmt, bf_emax, ke - k);
+#if CPT_RZACC
+        cpt_store(sh.st.a, ra, sh.lut[0], sh.lamlut[0], a_fmt, bf_emax, ke - k);
+        cpt_store(sh.st.b, rb, sh.lut[1], sh.lamlut[1], b_fmt, bf_emax, ke - k);
+#else
+        cpt_store(sh.st.a, ra, sh.lut[0], nullptr, a_fmt, bf_emax, ke - k);
+        cpt_store(sh.st.b, rb, sh.lut[1], nullptr, b_fmt, bf_emax, ke - k);
+#endif
         __syncthreads();
 
         // prefetch the next step's codes while this one computes
@@ -622,7 +739,12 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
             }
         }
         int em[CPT_TM][CPT_TN];
-        if (bf_emax) {
+        if (CPT_PROBE_SKIP & 1) {
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT_TN; ++j) em[i][j] = max(cpt_c_exp(acc[i][j]), 4);
+        } else if (bf_emax) {
             cpt_emax_bf16(st, ty, tx, klen, acc, em);
 #if CPT_PROBE_MMA > 0
             {  // the cost of issuing tensor-core instructions at all (benchmarks/README.md, "Any
@@ -642,11 +764,15 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
         } else {
             cpt_emax(st, ty, tx, klen, acc, em);
         }
+#if CPT_RZACC
+        cpt_sum_rzacc(st, ty, tx, klen, acc, em, F, cpt_lambda_min(a_fmt) + cpt_lambda_min(b_fmt), rmask, acc);
+#else
         if (fast) {
             cpt_sum_fast(st, ty, tx, klen, acc, em, F, rmask, acc);
         } else {
             cpt_sum_int(st, ty, tx, klen, acc, em, F, R, e_zero, acc);
         }
+#endif
         if (ov) {
 #pragma unroll
             for (int i = 0; i < CPT_TM; ++i)

@@ -394,7 +394,7 @@ def test_cli_info_json(runner):
         assert {"L", "F", "rounding", "e_zero"} <= set(p["instruction"])
         assert set(p["modes"]) <= {"tensorwise", "rowwise"}
     names = [b["name"] for b in d["backends"]]
-    assert names == ["cublaslt-tc", "cuda-tiled", "cuda-simple", "reference"]
+    assert names == ["cublaslt-tc", "cuda-rzacc", "cuda-tiled", "cuda-simple", "reference"]
     assert next(b for b in d["backends"] if b["name"] == "reference")["available"] is True
     assert d["devices"]["cpu"]["cpu_count"] >= 1
 
@@ -425,7 +425,7 @@ def _fake_cupy(monkeypatch, runtime):
 def test_cli_info_cuda_not_usable(runner, monkeypatch):
     _fake_cupy(monkeypatch, _FakeRuntime(exc=RuntimeError("cudaErrorNoDevice: no CUDA-capable device")))
     d = json.loads(runner.invoke(main, ["info", "--json"]).stdout)
-    for name in ("cuda-tiled", "cuda-simple"):
+    for name in ("cuda-rzacc", "cuda-tiled", "cuda-simple"):
         b = next(b for b in d["backends"] if b["name"] == name)
         assert b["available"] is False and b["detail"]
     assert d["devices"]["cuda"] == []

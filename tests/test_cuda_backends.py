@@ -26,7 +26,7 @@ import cpemu
 from cpemu import reference as ref
 from cpemu.cases import Case, operands, sha256_arrays
 from cpemu.formats import FP8_FORMATS
-from cpemu.instruction import ADA_SM89, BLACKWELL_SM120, HOPPER_SM90A
+from cpemu.instruction import ADA_SM89, BLACKWELL_SM120, HOPPER_SM90A, InstructionModel
 from cpemu.profile import get_profile
 from cpemu.schedule import Plan, slices_for
 from cpemu.truth import load_manifest
@@ -51,6 +51,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cp is None, reason=_REASON or 
 
 if cp is not None:
     from cpemu.cuda.kernels import as_numpy
+    from cpemu.cuda.kernels import RZACC_MAX_F
     from cpemu.cuda.kernels import gemm_cuda as _gemm_cuda
 #: a tuning build of the tiled kernel under test: ``CPEMU_TEST_TILED_DEFINES="NAME=VALUE ..."``
 #: compiles cuda-tiled from cuda_src with those -D options (kernels.gemm_cuda's ``defines``)
@@ -63,7 +64,7 @@ SIMPLE_DEFINES = tuple(os.environ.get("CPEMU_TEST_SIMPLE_DEFINES", "").split())
 #: kernel by the model -- the staged one for Ada and Hopper -- and plain "cuda-tiled" its
 #: geometry by M)
 FAMILIES = ("cuda-simple", "cuda-simple:per-output", "cuda-tiled", "cuda-tiled:gemm_tiled",
-            "cuda-tiled:gemm_tiled_small_m")
+            "cuda-tiled:gemm_tiled_small_m", "cuda-rzacc", "cuda-rzacc:gemm_rzacc", "cuda-rzacc:gemm_rzacc_small_m")
 
 
 def gemm_cuda(*args, **kw):
@@ -72,6 +73,10 @@ def gemm_cuda(*args, **kw):
     by_name = "kernel_family" in kw
     family = kw.pop("kernel_family") if by_name else args[0]
     name, _, variant = family.partition(":")
+    if name == "cuda-rzacc":
+        model = next((x for x in list(args) + list(kw.values()) if isinstance(x, InstructionModel)), None)
+        if model is not None and model.F > RZACC_MAX_F:
+            pytest.skip(f"cuda-rzacc computes F <= {RZACC_MAX_F}; {model.name} has F = {model.F} (cuda-tiled runs it)")
     if variant:
         kw.setdefault("simple_kernel" if name == "cuda-simple" else "tiled_module", variant)
     if name == "cuda-tiled" and TILED_DEFINES:

@@ -19,7 +19,7 @@ def _has_gpu():
 
 
 @pytest.mark.skipif(not _has_gpu(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("backend", ["auto", "cublaslt-tc", "cuda-tiled", "cuda-simple", "reference"])
+@pytest.mark.parametrize("backend", ["auto", "cublaslt-tc", "cuda-rzacc", "cuda-tiled", "cuda-simple", "reference"])
 @pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32"])
 def test_cupy_inputs_match_numpy(backend, out_dtype):
     from cpemu.backends import available

@@ -28,8 +28,13 @@ def test_launch_constants_match_the_source(module):
     assert (d["CPT_BM"], d["CPT_BN"], d["CPT_TM"], d["CPT_TN"], d["CPT_SMEM_BYTES"]) == (bm, bn, tm, tn, smem)
     assert re.search(rf'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*{name}\(',
                      (SRC / f"{module}.cu").read_text())
-    # the shared memory the header lays out: per operand tile 328 bytes per row, plus 4096 of tables
-    assert smem == 328 * (bm + bn) + 4096
+    # the shared memory the header lays out: per operand tile 328 bytes per row, plus 4096 of tables;
+    # with CPT_RZACC (cuda-rzacc) 264 bytes per row, plus 4608 of tables
+    if module in kernels.TILED_FAMILIES["cuda-rzacc"]:
+        assert "#define CPT_RZACC 1" in (SRC / f"{module}.cu").read_text()
+        assert smem == 264 * (bm + bn) + 4608
+    else:
+        assert smem == 328 * (bm + bn) + 4096
     assert kernels.tiled_threads(module) == (bm // tm) * (bn // tn)
     assert kernels.tiled_threads(module, ("CPT_TM=4",)) == (bm // 4) * (bn // tn)
 
@@ -47,3 +52,4 @@ def test_launch_constants_match_the_source(module):
 ])
 def test_geometry_per_shape(M, N, sms, want):
     assert kernels.tiled_module_for(M, N, sms) == want
+    assert kernels.tiled_module_for(M, N, sms, "cuda-rzacc") == want.replace("tiled", "rzacc")

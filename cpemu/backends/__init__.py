@@ -8,8 +8,9 @@ this package, registered in ladder order, fastest first:
 * ``cublaslt-tc`` (:mod:`cpemu.backends.tensor_core`): the device's own FP8 tensor cores
   through cuBLASLt with the profile's schedule; Hopper only, device-dependent by nature, so
   used only where validated;
-* ``cuda-tiled`` and ``cuda-simple`` (:mod:`cpemu.backends.cuda_kernels`): the exact CUDA
-  kernels (integer arithmetic and IEEE-exact FP32 operations only);
+* ``cuda-rzacc``, ``cuda-tiled`` and ``cuda-simple`` (:mod:`cpemu.backends.cuda_kernels`):
+  the exact CUDA kernels (integer arithmetic and IEEE-exact FP32 operations only;
+  ``cuda-rzacc`` for the Ada and Hopper models);
 * ``reference`` (:mod:`cpemu.backends.reference`): numpy, the specification.
 
 All compute identical bits. ``backend="auto"`` (:func:`select`) takes the first backend that
@@ -34,13 +35,14 @@ __all__ = ["Backend", "ProbedBackend", "LADDER", "TENSOR_CORE", "EXACT_KERNELS",
 #: The ladder, fastest first: backend name -> the module that defines it (as ``BACKEND``).
 _MODULES = {
     "cublaslt-tc": "cpemu.backends.tensor_core",
+    "cuda-rzacc": "cpemu.backends.cuda_kernels",
     "cuda-tiled": "cpemu.backends.cuda_kernels",
     "cuda-simple": "cpemu.backends.cuda_kernels",
     "reference": "cpemu.backends.reference",
 }
 LADDER = tuple(_MODULES)
 TENSOR_CORE = "cublaslt-tc"
-EXACT_KERNELS = ("cuda-tiled", "cuda-simple")
+EXACT_KERNELS = ("cuda-rzacc", "cuda-tiled", "cuda-simple")
 
 
 class BackendUnavailable(ValueError):

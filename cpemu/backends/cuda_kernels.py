@@ -1,4 +1,4 @@
-"""``cuda-tiled`` and ``cuda-simple``: the exact CUDA kernels (:mod:`cpemu.cuda.kernels`) as backends.
+"""``cuda-rzacc``, ``cuda-tiled`` and ``cuda-simple``: the exact CUDA kernels (:mod:`cpemu.cuda.kernels`) as backends.
 
 Device-independent bits: integer arithmetic and IEEE-exact FP32 operations only. Available
 where cupy finds a GPU and the fatbins of its architecture pass their pinned sha256
@@ -29,7 +29,7 @@ class CudaKernel(ProbedBackend):
     def supports(self, call) -> str | None:
         from ..cuda.kernels import limits
 
-        return limits(call)
+        return limits(call, self.name)
 
     def run(self, call, ops):
         from ..cuda.kernels import launch
@@ -37,4 +37,4 @@ class CudaKernel(ProbedBackend):
         return launch(self.name, call, ops)
 
 
-BACKENDS = {name: CudaKernel(name) for name in ("cuda-tiled", "cuda-simple")}
+BACKENDS = {name: CudaKernel(name) for name in ("cuda-rzacc", "cuda-tiled", "cuda-simple")}

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "d7ae96c11b91953d017f2f91ffab5c1d90048f2748e19eab56d100cc20a2c92e"
+MANIFEST_SHA256 = "b25a88d71341d3ac1b0b998bbbbf61ccc1ed19b1c3c84e05596ab4d995a5e43c"

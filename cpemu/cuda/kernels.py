@@ -16,6 +16,13 @@ Two kernel families compute the same bits as :mod:`cpemu.reference`:
   geometries (:data:`TILED_VARIANTS`), picked by :func:`tiled_module_for`: ``gemm_tiled.cu``
   (64 x 64 outputs per block, 8 x 4 per thread) and, for small M, ``gemm_tiled_small_m.cu``
   (16 x 32 per block, 2 x 4 per thread: no empty rows at M = 16 and four times the threads).
+* ``"cuda-rzacc"`` -- the tiled kernel built with ``CPT_RZACC=1`` (``gemm_rzacc.cu``,
+  ``gemm_rzacc_small_m.cu``, same two geometries): each step's accumulator is biased so that
+  its ulp is the step's truncation grid, each product is one FP32 round-toward-zero fused
+  multiply-add into it, and the negative products that lose bits are counted four at a time
+  with byte-packed integer operations (``cpt_sum_rzacc``; :mod:`cpemu.rzacc_twin` is its
+  arithmetic in numpy, with its claims asserted). Ada and Hopper models only
+  (:data:`RZACC_MAX_F`); Blackwell's F = 25 runs on ``cuda-tiled``.
 
 :func:`gemm_cuda` takes the operands as cupy ``uint8`` code matrices (``a`` (M, K), ``bt``
 (N, K): B transposed, K contiguous), the :class:`~cpemu.schedule.Plan`, the
@@ -46,7 +53,7 @@ from ..instruction import InstructionModel
 from ..schedule import Plan
 from . import tensorcore
 
-__all__ = ["FAMILIES", "KERNELS", "MODULES", "TILED_VARIANTS", "TILED_SMALL_M_MAX", "SIMPLE_KERNELS", "TENSOR_CORE",
+__all__ = ["FAMILIES", "KERNELS", "MODULES", "TILED_VARIANTS", "TILED_FAMILIES", "RZACC_MAX_F", "TILED_SMALL_M_MAX", "SIMPLE_KERNELS", "TENSOR_CORE",
            "DIRECT", "OUT_KIND", "EPILOGUE_ORDERS", "FROM_SOURCE_ENV", "gemm_cuda", "launch", "limits", "get_kernel", "tiled_module_for",
            "simple_kernel_for", "tiled_threads", "as_numpy", "source_path", "available"]
 
@@ -55,9 +62,13 @@ __all__ = ["FAMILIES", "KERNELS", "MODULES", "TILED_VARIANTS", "TILED_SMALL_M_MA
 KERNELS = {
     "cuda-simple": ("gemm_simple", "cpemu_gemm_simple"),
     "cuda-tiled": ("gemm_tiled", "cpemu_gemm_tiled"),
+    "cuda-rzacc": ("gemm_rzacc", "cpemu_gemm_rzacc"),
 }
 #: kernel family -> every module it needs
-MODULES = {"cuda-simple": ("gemm_simple",), "cuda-tiled": ("gemm_tiled", "gemm_tiled_small_m")}
+MODULES = {"cuda-simple": ("gemm_simple",), "cuda-tiled": ("gemm_tiled", "gemm_tiled_small_m"),
+           "cuda-rzacc": ("gemm_rzacc", "gemm_rzacc_small_m")}
+#: the families built on the tiled body (cpemu_tiled.cuh): family -> (large, small-M) geometry
+TILED_FAMILIES = {"cuda-tiled": ("gemm_tiled", "gemm_tiled_small_m"), "cuda-rzacc": ("gemm_rzacc", "gemm_rzacc_small_m")}
 FAMILIES = tuple(KERNELS)
 #: the tensor-core backend (cpemu/cuda/tensorcore.py): same call, device-dependent bits
 TENSOR_CORE = _TENSOR_CORE
@@ -80,7 +91,13 @@ SOURCE_OPTIONS = ("--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt
 TILED_VARIANTS = {
     "gemm_tiled": ("cpemu_gemm_tiled", 64, 64, 8, 4, 46080),
     "gemm_tiled_small_m": ("cpemu_gemm_tiled_small_m", 16, 32, 2, 4, 19840),
+    "gemm_rzacc": ("cpemu_gemm_rzacc", 64, 64, 8, 4, 38400),
+    "gemm_rzacc_small_m": ("cpemu_gemm_rzacc_small_m", 16, 32, 2, 4, 17280),
 }
+#: ``cuda-rzacc`` computes models with F up to this: the biased accumulator's binade holds the
+#: step's sum (|c| < 2**(e_max+1), L <= 32 products below 2**(e_max+2) each, so
+#: |sum| < 2**(e_max+8) <= 2**(e_max - F + 22)); Ada and Hopper have F = 13
+RZACC_MAX_F = 14
 #: ``cuda-tiled`` runs GEMMs with M up to this on the small-M geometry.
 TILED_SMALL_M_MAX = 32
 #: Kernels of ``cuda-simple`` (all in ``cuda_src/gemm_simple.cu``): name -> (kernel, threads
@@ -331,8 +348,9 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     """
     if kernel_family not in DIRECT:
         _fail("kernel_family", f"must be one of {DIRECT}", repr(kernel_family))
-    if tiled_module is not None and (kernel_family != "cuda-tiled" or tiled_module not in TILED_VARIANTS):
-        _fail("tiled_module", f"must be None, or for cuda-tiled one of {sorted(TILED_VARIANTS)}", repr(tiled_module))
+    if tiled_module is not None and tiled_module not in TILED_FAMILIES.get(kernel_family, ()):
+        _fail("tiled_module", "must be None, or for " + ", ".join(
+            f"{f} one of {list(m)}" for f, m in TILED_FAMILIES.items()), repr(tiled_module))
     if simple_kernel is not None and (kernel_family != "cuda-simple" or simple_kernel not in SIMPLE_KERNELS):
         _fail("simple_kernel", f"must be None, or for cuda-simple one of {sorted(SIMPLE_KERNELS)}",
               repr(simple_kernel))
@@ -377,19 +395,23 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
                       simple_kernel=simple_kernel)
 
 
-def limits(call) -> str | None:
-    """Why the exact kernels cannot compute ``call`` (its model or plan is beyond them), or None."""
+def limits(call, kernel_family: str | None = None) -> str | None:
+    """Why the exact kernels (of ``kernel_family``, default any) cannot compute ``call`` (its
+    model or plan is beyond them), or None."""
     try:
         _config(call.a_format, call.b_format, call.plan, call.model, call.K, call.epilogue.order.value,
                 call.out_dtype, call.epilogue.nan_bits)
     except (ValueError, TypeError) as e:
         return str(e)
+    if kernel_family == "cuda-rzacc" and call.model.F > RZACC_MAX_F:
+        return (f"cuda-rzacc computes instruction models with F <= {RZACC_MAX_F} (Ada, Hopper); "
+                f"{call.model.name} has F = {call.model.F}")
     return None
 
 
 def launch(kernel_family: str, call: Call, ops: Operands, *, defines: tuple = (), tiled_module: str | None = None,
            simple_kernel: str | None = None):
-    """One exact kernel of ``kernel_family`` ("cuda-tiled" or "cuda-simple") for a checked
+    """One exact kernel of ``kernel_family`` ("cuda-rzacc", "cuda-tiled" or "cuda-simple") for a checked
     ``call`` (within :func:`limits`) on the current device: ``ops`` holds cupy (M, K) and
     (N, K) C-contiguous uint8 codes on it, float32 scales (numpy or cupy; one element, or
     M and N of them) and a float32 (N,) bias or None. Returns the output as :func:`gemm_cuda`
@@ -424,7 +446,10 @@ def launch(kernel_family: str, call: Call, ops: Operands, *, defines: tuple = ()
         fn(grid, (threads, 1, 1), tuple(args))
         return out
     ws = cupy.empty(2 * M * N if promotion > 0 or len(slices) > 1 else 1, dtype=cupy.float32)
-    module = tiled_module_for(M, N, _sm_count(a.data.device_id)) if tiled_module is None else tiled_module
+    if kernel_family == "cuda-rzacc" and model.F > RZACC_MAX_F:
+        _fail("model", f"cuda-rzacc computes F <= {RZACC_MAX_F} only", f"F = {model.F}")
+    module = tiled_module_for(M, N, _sm_count(a.data.device_id), kernel_family) if tiled_module is None \
+        else tiled_module
     fn = get_kernel(kernel_family, tuple(defines), module)
     _, bm, bn, _, _, smem = TILED_VARIANTS[module]
     grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, 1)
@@ -452,15 +477,16 @@ def simple_kernel_for(F: int) -> str:
     return "staged" if SIMPLE_STAGED_F[0] <= F <= SIMPLE_STAGED_F[1] else "per-output"
 
 
-def tiled_module_for(M: int, N: int, sm_count: int) -> str:
+def tiled_module_for(M: int, N: int, sm_count: int, kernel_family: str = "cuda-tiled") -> str:
     """The tiled geometry ``cuda-tiled`` runs an (M, N, K) GEMM on, on a GPU of ``sm_count``
     SMs: the small-M one for M <= TILED_SMALL_M_MAX, and wherever 64 x 64 blocks would not
     give every SM one (on an H200: 1.1-2.7x faster there, slower elsewhere; benchmarks/README.md).
     The bits are the same on either."""
-    _, bm, bn = TILED_VARIANTS["gemm_tiled"][:3]
+    large, small = TILED_FAMILIES[kernel_family]
+    _, bm, bn = TILED_VARIANTS[large][:3]
     if M <= TILED_SMALL_M_MAX or -(-M // bm) * -(-N // bn) < sm_count:
-        return "gemm_tiled_small_m"
-    return "gemm_tiled"
+        return small
+    return large
 
 
 @functools.lru_cache(maxsize=None)

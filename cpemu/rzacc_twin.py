@@ -1,0 +1,113 @@
+"""The arithmetic of ``cuda-rzacc``'s T-FDPA step in numpy, with its claims asserted.
+
+``cuda_src/cpemu_tiled.cuh`` built with ``CPT_RZACC=1`` (``cpt_sum_rzacc``) computes a step of
+:func:`cpemu.reference.tfdpa` for F <= 14 without shifting any product:
+
+1. ``g = e_max - F`` is the step's truncation grid (e_max as the reference finds it, with a
+   zero accumulator's exponent taken as -126, which changes nothing: every term is then zero);
+2. the accumulator ``X`` starts at ``B + trunc(c)`` with ``B = 1.5 * 2**(g + 23)``, so it lies in
+   the binade ``[2**(g+23), 2**(g+24))`` whose ulp is ``2**g``;
+3. each product is one FP32 round-toward-zero fused multiply-add of the signed operands into
+   ``X``; ``X`` stays positive and in its binade, so this adds ``floor(a*b / 2**g) * 2**g``;
+4. floor and the reference's truncation toward zero differ by one unit exactly for a negative
+   product with bits below ``2**g``: with lambda the exponent of an operand's lowest set bit,
+   that is ``lambda_a + lambda_b < g``. The kernel counts them from one byte per code,
+   ``n = 63 - (lambda - lambda_min)`` (0 for zero, NaN and Inf codes): bit 7 of
+   ``n_a + n_b + T``, ``T = clamp(g - 1 - lambda_min_a - lambda_min_b, -1, 62) + 2``, ANDed
+   with the XOR of the sign bits;
+5. the count is added to X's bit pattern, ``X - B`` is exact, and clearing the low ``23 - R``
+   bits of its encoding rounds it toward zero to R fraction bits.
+
+:func:`step` does exactly that, on exact integers in units of ``2**g``, and asserts each claim
+(the binade after every product, the byte range of the count's sums, the count's flag against
+the definition of truncation). NaN and Inf terms are finished by the reference's own rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import FP8Format
+from .instruction import InstructionModel
+from .reference import Operand, _specials
+
+__all__ = ["MAX_F", "lambda_min", "code_tables", "count_threshold", "step"]
+
+#: the largest F whose step sum the biased accumulator's binade holds (kernels.RZACC_MAX_F)
+MAX_F = 14
+
+
+def lambda_min(fmt: FP8Format) -> int:
+    """The exponent of the smallest subnormal of ``fmt``: 2**(1 - bias - frac_bits)."""
+    return 1 - fmt.bias - fmt.frac_bits
+
+
+def code_tables(fmt: FP8Format):
+    """Per code: (exact value as float64, 0 for NaN / Inf; the count's byte n; the sign bit)."""
+    sign, m, e, nan, inf = fmt.tables()
+    m = m.astype(np.int64)
+    e = e.astype(np.int64)
+    value = sign.astype(np.float64) * m * np.exp2((e - fmt.frac_bits).astype(np.float64))
+    value[nan | inf] = 0.0
+    nz = (m != 0) & ~nan & ~inf
+    tz = np.zeros(256, dtype=np.int64)
+    for t in range(1, 4):
+        tz[nz & ((m >> t) << t == m)] = t
+    lam = e - fmt.frac_bits + tz
+    n = np.where(nz, 63 - (lam - lambda_min(fmt)), 0)
+    assert ((n >= 32) & (n <= 63))[nz].all() and (n[~nz] == 0).all(), "lambda range: 32 values at most"
+    sbit = (np.arange(256) >> 7) & 1
+    return value, n.astype(np.int64), sbit.astype(np.int64), lam, nz
+
+
+def count_threshold(g: np.ndarray, fa: FP8Format, fb: FP8Format) -> np.ndarray:
+    """T of every output: clamp(g - 1 - lambda_min_a - lambda_min_b, -1, 62) + 2."""
+    return np.clip(g - 1 - lambda_min(fa) - lambda_min(fb), -1, 62) + 2
+
+
+def _c_exp(c: np.ndarray) -> np.ndarray:
+    """The kernel's exponent of c: the exponent field (at least 1) minus 127."""
+    bits = c.view(np.uint32).astype(np.int64)
+    return np.maximum((bits >> 23) & 0xFF, 1) - 127
+
+
+def step(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: FP8Format, fb: FP8Format,
+         model: InstructionModel) -> np.ndarray:
+    """One step: ``c`` (Mb, Nb) float32, ``a_codes`` (Mb, Lk), ``b_codes`` (Nb, Lk) uint8,
+    ``Lk <= model.L``. Returns the (Mb, Nb) float32 result, bit for bit ``reference.tfdpa``'s."""
+    F, R = model.F, model.result_fraction_bits
+    assert F <= MAX_F and model.L <= 32, "the binade holds the step's sum for F <= 14, L <= 32"
+    va, na, sa, la, nza = (t[a_codes] for t in code_tables(fa))
+    vb, nb, sb, lb, nzb = (t[b_codes] for t in code_tables(fb))
+    A, Bop = Operand(a_codes, fa), Operand(b_codes, fb)
+    E = A.e_nz[:, None, :].astype(np.int64) + Bop.e_nz[None, :, :]
+    finite = np.isfinite(c)
+    c_ok = np.where(finite, c, np.float32(0))
+    e_max = np.maximum(E.max(axis=-1), _c_exp(c_ok))
+    g = e_max - F
+    unit = np.exp2(g.astype(np.float64))
+    base = 3 << 22  # B = 1.5 * 2**(g + 23) in units of 2**g
+    X = base + np.trunc(c_ok.astype(np.float64) / unit).astype(np.int64)
+    assert ((X >= 1 << 23) & (X < 1 << 24)).all(), "X + trunc(c) in the binade"
+    T = count_threshold(g, fa, fb)
+    cnt = np.zeros_like(X)
+    for k in range(a_codes.shape[1]):
+        p = va[:, None, k] * vb[None, :, k]  # exact: two 4-bit significands
+        q = p / unit
+        X = X + np.floor(q).astype(np.int64)
+        assert ((X >= 1 << 23) & (X < 1 << 24)).all(), "X stays in its binade"
+        x = na[:, None, k] + nb[None, :, k] + T
+        assert ((x >= 0) & (x <= 255)).all(), "no carry between the count's bytes"
+        flag = ((x >> 7) & 1) & (sa[:, None, k] ^ sb[None, :, k])
+        want = (p < 0) & (q != np.floor(q))
+        lossy = nza[:, None, k] & nzb[None, :, k] & (la[:, None, k] + lb[None, :, k] < g)
+        assert (flag.astype(bool) == want).all(), "the count flags the negative products that lose bits"
+        assert (lossy & (p < 0) == want).all(), "losing bits is lambda_a + lambda_b < g"
+        cnt += flag
+    S = X + cnt - base
+    out = (S.astype(np.float64) * unit).astype(np.float32)  # exact: |S| < 2**22
+    bits = out.view(np.uint32) & np.uint32((0xFFFFFFFF << (23 - R)) & 0xFFFFFFFF)
+    out = bits.view(np.float32) + np.float32(0.0)
+    if A.has_special or Bop.has_special or not finite.all():
+        out = _specials(out, c, A, Bop)
+    return out
