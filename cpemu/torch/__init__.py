@@ -47,8 +47,9 @@ from ..profile import DEFAULT_PROFILE
 from .api import scaled_mm
 from .linear import E4M3_MAX, FP8Linear, delayed_scaling_scale, quantize_e4m3
 from .patching import patch
+from .dispatch import dispatch
 
-__all__ = ["scaled_mm", "patch", "FP8Linear", "quantize_e4m3", "delayed_scaling_scale", "E4M3_MAX"]
+__all__ = ["scaled_mm", "patch", "dispatch", "FP8Linear", "quantize_e4m3", "delayed_scaling_scale", "E4M3_MAX"]
 
 
 def _check_torch_version():  # pragma: no cover - import-time guard
