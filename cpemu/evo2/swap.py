@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..callers import te_schedule
 from ..profile import DEFAULT_PROFILE, get_profile
 from ..torch.linear import FP8Linear, quantize_e4m3
 from ..torch.te_state import read_extra_state
@@ -94,12 +95,13 @@ class SwapEntry:
     input_scale: float | None = None
     weight_scale: float | None = None
     source: str = ""
+    schedule: str = ""
 
     def __str__(self) -> str:
         shape = f"{self.in_features} -> {self.out_features}"
         if self.action == "swap":
             return (f"swap {self.name}: {shape}, input scale {self.input_scale!r}, weight scale "
-                    f"{self.weight_scale!r} ({self.source})")
+                    f"{self.weight_scale!r} ({self.source}; {self.schedule})")
         return f"keep {self.name}: {shape} ({self.reason})"
 
 
@@ -108,7 +110,7 @@ def fp8_projections(model):
     return [(n, m) for n, m in model.named_modules() if is_vortex_telinear(m)]
 
 
-def _entry(name, mod, state_dict) -> tuple:
+def _entry(name, mod, state_dict, profile) -> tuple:
     key = f"{name}._extra_state"
     size = dict(name=name, in_features=mod.in_features, out_features=mod.out_features)
     if key not in state_dict:
@@ -122,7 +124,7 @@ def _entry(name, mod, state_dict) -> tuple:
     if state.scale_fwd.numel() < 3:
         raise ValueError(f"{key}: scale_fwd has {state.scale_fwd.numel()} entries; a TE linear has 3 per GEMM")
     return SwapEntry(**size, action="swap", input_scale=state.input_scale, weight_scale=state.weight_scale,
-                     source=state.source), state
+                     source=state.source, schedule=te_schedule(profile, mod.out_features, mod.in_features)), state
 
 
 def swap_fp8_projections(model, state_dict, *, profile=DEFAULT_PROFILE, backend="auto", dry_run: bool = False,
@@ -143,7 +145,7 @@ def swap_fp8_projections(model, state_dict, *, profile=DEFAULT_PROFILE, backend=
     found = fp8_projections(model)
     entries, states = [], {}
     for name, mod in found:
-        entry, state = _entry(name, mod, state_dict)
+        entry, state = _entry(name, mod, state_dict, profile)
         entries.append(entry)
         states[name] = state
     if dry_run:
