@@ -176,3 +176,14 @@ def test_torchao_float8linear_eager_and_compiled(recipe, monkeypatch):
     assert np.array_equal(_bits(eager), ref)
     assert np.array_equal(_bits(compiled), ref)
     assert not np.array_equal(_bits(native), ref)  # outside the block: torch's own kernel
+
+
+def test_fake_tensors_trace_inside_the_block():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with ct.dispatch(), FakeTensorMode():
+        a = torch.empty(48, 64, dtype=torch.float8_e4m3fn)
+        w = torch.empty(32, 64, dtype=torch.float8_e4m3fn)
+        one = torch.ones(())
+        y = torch._scaled_mm(a, w.t(), one, one, out_dtype=torch.float32)
+        assert y.shape == (48, 32) and y.dtype == torch.float32

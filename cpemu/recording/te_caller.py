@@ -22,6 +22,7 @@ import ctypes
 
 from cpemu.cuda.cublaslt import (CUBLASLT_EPILOGUE_DEFAULT, DESC_EPILOGUE, PREF_MIN_ALIGNMENT_BYTES, Case,
                                  build_descs, destroy_descs)
+from cpemu.recording.splitk_query import CONFIG_FIELDS
 
 __all__ = ["EVO2_SHAPES", "WORKSPACES", "te_heuristic_workspace", "build_te_descs", "m_values", "cases",
            "verdict", "run_check"]
@@ -81,12 +82,8 @@ def cases(ms=None, shapes=None, workspaces=None, callers=("torch", "te")):
                                                           "tensorwise")
 
 
-_CONFIG = ("algo_id", "tile_id", "stages_id", "cluster_shape_id", "splitk_num", "reduction_scheme",
-           "cta_swizzling", "custom_option", "inner_shape_id")
-
-
 def _config(row: dict):
-    return tuple(row.get(k) for k in _CONFIG)
+    return tuple(row.get(k) for k in CONFIG_FIELDS)
 
 
 def verdict(rows: list, provenance: dict) -> dict:
