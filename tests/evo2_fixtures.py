@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from cpemu.evo2 import tiny_config  # noqa: F401 - re-exported for the tests
 from cpemu.torch.te_state import write_extra_state
 
 
@@ -87,26 +88,6 @@ def evil_pickle() -> torch.Tensor:
             import os
             return (os.system, ("echo pwned",))
     return torch.frombuffer(bytearray(pickle.dumps({"scale_fwd": Evil()})), dtype=torch.uint8)
-
-
-def tiny_config(hidden: int = 64, layers: int = 4) -> dict:
-    """evo2-1b-8k.yml with ``hidden`` channels and ``layers`` Hyena blocks (no attention), without
-    FP8 (vortex refuses FP8 configs without Transformer Engine)."""
-    return dict(
-        model_name="tiny-evo2-test", vocab_size=512, hidden_size=hidden, num_filters=hidden,
-        attn_layer_idxs=[], hcs_layer_idxs=list(range(0, layers, 3)), hcm_layer_idxs=list(range(1, layers, 3)),
-        hcl_layer_idxs=list(range(2, layers, 3)), hcm_filter_length=128, hcl_filter_groups=hidden,
-        hcm_filter_groups=hidden // 16, hcs_filter_groups=hidden // 16, hcs_filter_length=7, num_layers=layers,
-        short_filter_length=3, num_attention_heads=4, short_filter_bias=False,
-        mlp_init_method="torch.nn.init.xavier_uniform_", mlp_output_init_method="torch.nn.init.xavier_uniform_",
-        eps=1e-6, state_size=16, rotary_emb_base=10000, make_vocab_size_divisible_by=8, inner_size_multiple_of=16,
-        inner_mlp_size=2 * hidden, log_intermediate_values=False, proj_groups=1, hyena_filter_groups=1,
-        column_split_hyena=False, column_split=True, interleave=True, evo2_style_activations=True,
-        model_parallel_size=1, pipe_parallel_size=1, tie_embeddings=True, mha_out_proj_bias=True,
-        hyena_out_proj_bias=True, hyena_flip_x1x2=False, qkv_proj_bias=False, use_fp8_input_projections=False,
-        max_seqlen=8192, max_batch_size=1, final_norm=True, use_flash_attn=False, use_flash_rmsnorm=False,
-        use_flash_depthwise=False, use_flashfft=False, use_laughing_hyena=False, inference_mode=True,
-        tokenizer_type="CharLevelTokenizer", prefill_style="fft", mlp_activation="gelu", print_activations=False)
 
 
 def tiny_checkpoint(model, fmt: str = "te2", seed: int = 0) -> dict:

@@ -34,10 +34,9 @@ def _native_and_emulated(q, lin):
 def test_tiny_model_projections_equal_native():
     pytest.importorskip("vortex", reason="vortex (PyPI vtx) is not installed")
     import cpemu.evo2 as ce
-    from evo2_fixtures import tiny_checkpoint, tiny_config
+    from evo2_fixtures import tiny_checkpoint
 
-    torch.manual_seed(0)
-    model = ce.build_model(tiny_config())
+    model = ce.tiny_model()
     ce.swap_fp8_projections(model, tiny_checkpoint(model))
     g = torch.Generator().manual_seed(4)
     for i in range(4):

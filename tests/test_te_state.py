@@ -134,3 +134,21 @@ def test_fp8linear_chunked_rows_equal_one_call():
     assert torch.equal(a.view(torch.int16), b.view(torch.int16))
     with pytest.raises(ValueError, match="max_rows"):
         FP8Linear.from_weight(w, input_amax=4.0, max_rows=10)
+
+
+def test_load_checkpoint_without_running_code(tmp_path):
+    from cpemu.torch.te_state import load_checkpoint
+
+    sd = {"blocks.0.projections.weight": torch.randn(48, 16).to(torch.bfloat16),
+          "blocks.0.projections._extra_state": te1_extra_state(SCALE, HIST),
+          "blocks.1.projections._extra_state": te2_extra_state(SCALE, HIST)}
+    path = tmp_path / "ckpt.pt"
+    torch.save(sd, path)
+    got = load_checkpoint(path)
+    assert torch.equal(got["blocks.0.projections.weight"].view(torch.int16),
+                       sd["blocks.0.projections.weight"].view(torch.int16))
+    for k in ("blocks.0.projections._extra_state", "blocks.1.projections._extra_state"):
+        assert _bits(read_extra_state(got[k]).scale_fwd) == _bits(SCALE)
+    torch.save({"w": torch.ones(2), "x": print}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="print"):
+        load_checkpoint(tmp_path / "bad.pt")

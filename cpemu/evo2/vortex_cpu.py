@@ -28,7 +28,7 @@ import types
 
 import torch
 
-__all__ = ["vortex_import_shims", "cpu_device_calls", "import_vortex", "build_model"]
+__all__ = ["vortex_import_shims", "cpu_device_calls", "import_vortex", "build_model", "tiny_config", "tiny_model"]
 
 _SHIMMED = ("triton", "triton.language", "flash_attn_2_cuda")
 
@@ -165,3 +165,40 @@ def _in_cpu_device_calls(forward):
 
     wrapped.cpemu_wrapped = "cpemu.evo2.cpu_device_calls"
     return wrapped
+
+
+def tiny_config(hidden: int = 64, layers: int = 4) -> dict:
+    """A small config for smoke tests and examples: vortex's evo2-1b-8k.yml with ``hidden``
+    channels and ``layers`` Hyena blocks (no attention layers), FP8 off (vortex refuses FP8
+    without Transformer Engine). With random weights it is no model of DNA."""
+    return dict(
+        model_name="tiny-evo2-test", vocab_size=512, hidden_size=hidden, num_filters=hidden,
+        attn_layer_idxs=[], hcs_layer_idxs=list(range(0, layers, 3)), hcm_layer_idxs=list(range(1, layers, 3)),
+        hcl_layer_idxs=list(range(2, layers, 3)), hcm_filter_length=128, hcl_filter_groups=hidden,
+        hcm_filter_groups=hidden // 16, hcs_filter_groups=hidden // 16, hcs_filter_length=7, num_layers=layers,
+        short_filter_length=3, num_attention_heads=4, short_filter_bias=False,
+        mlp_init_method="torch.nn.init.xavier_uniform_", mlp_output_init_method="torch.nn.init.xavier_uniform_",
+        eps=1e-6, state_size=16, rotary_emb_base=10000, make_vocab_size_divisible_by=8, inner_size_multiple_of=16,
+        inner_mlp_size=2 * hidden, log_intermediate_values=False, proj_groups=1, hyena_filter_groups=1,
+        column_split_hyena=False, column_split=True, interleave=True, evo2_style_activations=True,
+        model_parallel_size=1, pipe_parallel_size=1, tie_embeddings=True, mha_out_proj_bias=True,
+        hyena_out_proj_bias=True, hyena_flip_x1x2=False, qkv_proj_bias=False, use_fp8_input_projections=False,
+        max_seqlen=8192, max_batch_size=1, final_norm=True, use_flash_attn=False, use_flash_rmsnorm=False,
+        use_flash_depthwise=False, use_flashfft=False, use_laughing_hyena=False, inference_mode=True,
+        tokenizer_type="CharLevelTokenizer", prefill_style="fft", mlp_activation="gelu", print_activations=False)
+
+
+def tiny_model(seed: int = 0, **config):
+    """A tiny random-weight StripedHyena 2 for smoke tests: :func:`build_model` of
+    :func:`tiny_config` (``config`` overrides its fields) with vortex's own initialisation
+    under ``torch.manual_seed(seed)``. vortex initialises the Hyena-LI ``log_poles`` at random
+    signs, which makes the long filters grow without bound; they are made negative here
+    (decaying filters, as trained checkpoints hold), so the forward pass stays finite."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = build_model(tiny_config(**config))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("log_poles"):
+                p.copy_(-p.abs() - 0.05)
+    return model

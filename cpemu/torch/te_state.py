@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["DelayedScalingState", "TEObject", "read_extra_state", "write_extra_state",
+__all__ = ["DelayedScalingState", "TEObject", "read_extra_state", "write_extra_state", "load_checkpoint",
            "GEMM1_INPUT", "GEMM1_WEIGHT", "GEMM1_OUTPUT"]
 
 #: TE's FP8FwdTensors indices (transformer_engine/pytorch/csrc/common.h).
@@ -123,6 +123,44 @@ class _PickleModule:
     @staticmethod
     def load(f, **kw):
         return _Unpickler(f, **kw).load()
+
+
+class _CheckpointUnpickler(_Unpickler):
+    """A whole checkpoint: also the ``io.BytesIO`` objects that hold TE 1.x extra states."""
+
+    def find_class(self, module, name):
+        if (module, name) == ("_io", "BytesIO"):
+            return io.BytesIO
+        if (module, name) == ("_codecs", "encode"):  # protocol 2 spells bytes as encode(str, "latin1")
+            return _latin1
+        return super().find_class(module, name)
+
+
+def _latin1(text, encoding="latin1"):
+    if encoding != "latin1" or not isinstance(text, str):
+        raise _Refused(f"_codecs.encode({type(text).__name__}, {encoding!r})")
+    return text.encode("latin1")
+
+
+class _CheckpointPickleModule(_PickleModule):
+    Unpickler = _CheckpointUnpickler
+
+    @staticmethod
+    def load(f, **kw):
+        return _CheckpointUnpickler(f, **kw).load()
+
+
+def load_checkpoint(f, map_location="cpu") -> dict:
+    """A TE model's checkpoint (``torch.save`` of its state dict), loaded without running code.
+
+    Like ``torch.load(f, weights_only=True)``, but it also loads what TE's checkpoints hold
+    and the weights-only loader refuses: the ``io.BytesIO`` extra states of TE 1.x and the
+    pickled recipes of TE >= 2.0 (as inert records). Any other global raises ValueError."""
+    try:
+        return torch.load(f, map_location=map_location, weights_only=False, pickle_module=_CheckpointPickleModule)
+    except _Refused as e:
+        raise ValueError(f"checkpoint: holds {e}, which a Transformer Engine checkpoint never holds; refused "
+                         f"(a pickle can run code)") from None
 
 
 @dataclass(frozen=True)
