@@ -111,8 +111,10 @@ def cpu_device_calls():
 
     class _device:
         def __init__(self, device):
-            dev = device if isinstance(device, int) else torch.device(device) if device is not None else None
-            self._inner = None if isinstance(dev, torch.device) and dev.type != "cuda" else original(device)
+            dev = device if isinstance(device, int) or device is None else torch.device(device)
+            # torch.device("cpu") and a CPU tensor's index (None) select no CUDA device
+            self._inner = None if dev is None or (isinstance(dev, torch.device) and dev.type != "cuda") \
+                else original(device)
 
         def __enter__(self):
             return None if self._inner is None else self._inner.__enter__()
@@ -188,15 +190,15 @@ def tiny_config(hidden: int = 64, layers: int = 4) -> dict:
         tokenizer_type="CharLevelTokenizer", prefill_style="fft", mlp_activation="gelu", print_activations=False)
 
 
-def tiny_model(seed: int = 0, **config):
+def tiny_model(seed: int = 0, hidden: int = 64, layers: int = 4, **overrides):
     """A tiny random-weight StripedHyena 2 for smoke tests: :func:`build_model` of
-    :func:`tiny_config` (``config`` overrides its fields) with vortex's own initialisation
+    :func:`tiny_config` (``overrides`` replace its fields) with vortex's own initialisation
     under ``torch.manual_seed(seed)``. vortex initialises the Hyena-LI ``log_poles`` at random
     signs, which makes the long filters grow without bound; they are made negative here
     (decaying filters, as trained checkpoints hold), so the forward pass stays finite."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = build_model(tiny_config(**config))
+        model = build_model({**tiny_config(hidden, layers), **overrides})
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("log_poles"):
