@@ -15,6 +15,9 @@ the duration of an import or a model build only, and changes nothing else:
    model's ``forward`` in it (calls of single blocks need it too).
 3. Without Transformer Engine vortex refuses FP8 configs (``use_fp8_input_projections``):
    build with it false, then swap the projections (:func:`cpemu.evo2.swap_fp8_projections`).
+4. ``vortex.logging`` opens ``activations_debug.log`` in the working directory at import
+   time. :func:`vortex_import_shims` makes that file handler lazy (``delay=True``): the file
+   appears only if vortex logs activations (``print_activations``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import logging
 import sys
 import types
 
@@ -91,15 +95,19 @@ def _installed(name: str) -> bool:
 
 @contextlib.contextmanager
 def vortex_import_shims():
-    """Stand-ins for ``triton`` and ``flash_attn_2_cuda`` where they are missing, during the block only."""
+    """Stand-ins for ``triton`` and ``flash_attn_2_cuda`` where they are missing, and lazy log files,
+    during the block only (see the module docstring)."""
     added = [n for n in _SHIMMED if not _installed(n.split(".")[0]) and n not in sys.modules]
     for n in added:
         sys.modules[n] = _stand_in(n)
     if "triton" in added and "triton.language" in added:
         sys.modules["triton"].language = sys.modules["triton.language"]
+    file_handler = logging.FileHandler
+    logging.FileHandler = functools.partial(file_handler, delay=True)
     try:
         yield tuple(added)
     finally:
+        logging.FileHandler = file_handler
         for n in added:  # torch and others must not find a stand-in later
             sys.modules.pop(n, None)
 
