@@ -142,3 +142,15 @@ def test_example_runs():
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("   swap blocks.") == 4 and "differ from the bf16 model's" in r.stdout
+
+
+def test_import_leaves_no_log_file(tmp_path):
+    import os
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = "import cpemu.evo2 as ce, sys; ce.import_vortex(); print(sorted(m for m in sys.modules if 'triton' in m))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not list(tmp_path.iterdir())  # vortex's activations_debug.log is opened lazily

@@ -93,6 +93,13 @@ def _installed(name: str) -> bool:
         return False
 
 
+class _LazyFileHandler(logging.FileHandler):
+    """A file handler that opens its file at the first record (``delay=True``)."""
+
+    def __init__(self, filename, mode="a", encoding=None, delay=True, errors=None):
+        super().__init__(filename, mode, encoding, True, errors)
+
+
 @contextlib.contextmanager
 def vortex_import_shims():
     """Stand-ins for ``triton`` and ``flash_attn_2_cuda`` where they are missing, and lazy log files,
@@ -103,7 +110,7 @@ def vortex_import_shims():
     if "triton" in added and "triton.language" in added:
         sys.modules["triton"].language = sys.modules["triton.language"]
     file_handler = logging.FileHandler
-    logging.FileHandler = functools.partial(file_handler, delay=True)
+    logging.FileHandler = _LazyFileHandler
     try:
         yield tuple(added)
     finally:
