@@ -154,3 +154,20 @@ def test_import_leaves_no_log_file(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert not list(tmp_path.iterdir())  # vortex's activations_debug.log is opened lazily
+
+
+def test_stale_scale_inv_is_named_and_not_used():
+    import io
+    model, sd = _fresh("te1")
+    key = "blocks.0.projections._extra_state"
+    state = torch.load(sd[key], weights_only=False)
+    state["scale_inv_fwd"] = state["scale_inv_fwd"] * 2  # as if saved before the last scale update
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    sd[key] = buf
+    entry = ce.swap_fp8_projections(model, sd)[0]
+    assert "stored scale_inv is not 1/scale" in entry.source
+    lin = model.blocks[0].projections.linear
+    want = torch.reciprocal(state["scale_fwd"][:2].float())
+    assert torch.equal(lin.input_scale_inv.reshape(1), want[:1])
+    assert torch.equal(lin.weight_scale_inv.reshape(1), want[1:])

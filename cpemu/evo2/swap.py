@@ -123,8 +123,12 @@ def _entry(name, mod, state_dict, profile) -> tuple:
                          f"bias-free TE linears only")
     if state.scale_fwd.numel() < 3:
         raise ValueError(f"{key}: scale_fwd has {state.scale_fwd.numel()} entries; a TE linear has 3 per GEMM")
+    source = state.source
+    if state.scale_inv_fwd is not None and not torch.equal(state.scale_inv_fwd[:2],
+                                                           torch.reciprocal(state.scale_fwd[:2])):
+        source += "; its stored scale_inv is not 1/scale: TE's cast recomputes 1/scale, and so does cpemu"
     return SwapEntry(**size, action="swap", input_scale=state.input_scale, weight_scale=state.weight_scale,
-                     source=state.source, schedule=te_schedule(profile, mod.out_features, mod.in_features)), state
+                     source=source, schedule=te_schedule(profile, mod.out_features, mod.in_features)), state
 
 
 def swap_fp8_projections(model, state_dict, *, profile=DEFAULT_PROFILE, backend="auto", dry_run: bool = False,
