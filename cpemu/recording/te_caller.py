@@ -101,7 +101,8 @@ def verdict(rows: list, provenance: dict) -> dict:
         ok = [r for r in rs if r["status"] == "OK"]
         split = sorted(r["M"] for r in ok if (r.get("splitk_num") or 1) > 1)
         entry = {"N": rs[0]["N"], "K": rs[0]["K"], "M": [min(r["M"] for r in rs), max(r["M"] for r in rs)],
-                 "queries": len(rs), "answered": len(ok), "split_M": split, "no_split": not split and len(ok) == len(rs),
+                 "queries": len(rs), "answered": len(ok), "split_M": split,
+                 "no_split": not split and len(ok) == len(rs),
                  "configs": sorted({"/".join(str(v) for v in _config(r)) for r in ok})}
         if torch_at:
             same = [r["M"] for r in ok if torch_at.get((model, r["M"])) == _config(r)]
