@@ -105,7 +105,8 @@ class dispatch(contextlib.ContextDecorator):
 
     What it cannot reach: GEMMs that never call the op. These are Inductor's own Triton
     templates for ``_scaled_mm`` (``mode="max-autotune"`` on a GPU may pick them), CUDA graphs
-    captured before the block (they replay recorded kernels), and libraries that call
+    captured before the block (they replay recorded kernels; nor can a graph capture cpemu's
+    CUDA route, which waits on the host for each call's scales), and libraries that call
     cuBLASLt from C++ (Transformer Engine: use :mod:`cpemu.evo2` or :class:`FP8Linear`).
     """
 
