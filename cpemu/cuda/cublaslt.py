@@ -52,9 +52,11 @@ DESC_BIAS_DATA_TYPE = 26  # int32_t (cudaDataType)
 DESC_A_SCALE_MODE = 31  # int32_t (cublasLtMatmulMatrixScale_t)
 DESC_B_SCALE_MODE = 32  # int32_t
 CUBLASLT_EPILOGUE_BIAS = 4  # cublasLtEpilogue_t
+CUBLASLT_EPILOGUE_DEFAULT = 1  # cublasLtEpilogue_t (what TE sets without bias)
 SCALE_MODE_SCALAR_32F = 0  # cublasLtMatmulMatrixScale_t
 SCALE_MODE_OUTER_VEC_32F = 3
 PREF_MAX_WORKSPACE_BYTES = 1  # cublasLtMatmulPreferenceAttributes_t, uint64_t
+PREF_MIN_ALIGNMENT_BYTES = {"A": 5, "B": 6, "C": 7, "D": 8}  # uint32_t each (cublasLt.h)
 # cublasLtMatmulAlgoConfigAttributes_t: (json field, value, signed?)
 ALGO_CONFIG_FIELDS = (
     ("algo_id", 0, True),  # CUBLASLT_ALGO_CONFIG_ID, int32_t

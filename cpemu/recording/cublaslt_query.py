@@ -25,8 +25,10 @@ EMPTY_ALGO = {name: None for name in ALGO_FIELD_NAMES}
 
 
 def query_case(lt: CublasLt, handle: ctypes.c_void_p, c: Case, ptrs: dict,
-               workspace_bytes: int, top: int = 1) -> dict:
-    """One heuristic query; returns a JSON row (status recorded, never raises)."""
+               workspace_bytes: int, top: int = 1, build=build_descs) -> dict:
+    """One heuristic query; returns a JSON row (status recorded, never raises).
+
+    ``build(lt, c, ptrs, workspace_bytes)`` makes the descriptors (default: torch's)."""
     row = asdict(c)
     row.update({"status": None, "status_code": None, "returned_count": None, **EMPTY_ALGO,
                 "workspace_size": None, "waves_count": None, "result_state": None})
@@ -35,7 +37,7 @@ def query_case(lt: CublasLt, handle: ctypes.c_void_p, c: Case, ptrs: dict,
         row["torch_rejects"] = reject
     made = None
     try:
-        made = build_descs(lt, c, ptrs, workspace_bytes)
+        made = build(lt, c, ptrs, workspace_bytes)
         n = max(1, int(top))
         results = (HeuristicResult * n)()
         count = ctypes.c_int(0)

@@ -22,10 +22,15 @@ Hopper GPU), the call goes straight from the tensors' pointers to ``cublasLtMatm
 cupy without a copy and computed by :func:`cpemu.gemm`'s CUDA backends. CUDA tensors need
 cupy; without it they are copied to the host and computed by the numpy reference.
 
-What this does not cover: callers that hold their own reference to the original
+* :class:`dispatch` -- cpemu's kernels for ``aten::_scaled_mm`` (and ``_scaled_mm_v2``)
+  in torch's dispatcher for a block: ``torch.ops.aten._scaled_mm``, ``torch.compile``'d
+  graphs and torchao's float8 layers, eager and compiled, get the profile's bits.
+
+What ``patch`` does not cover: callers that hold their own reference to the original
 function (``from torch import _scaled_mm`` before the block, ``torch.ops.aten._scaled_mm``,
-graphs already compiled by ``torch.compile``) and libraries that call cuBLASLt from
-C++ (Transformer Engine's ``te.Linear``); for the latter use :class:`FP8Linear`.
+graphs compiled by ``torch.compile``): :class:`dispatch` covers those. Neither covers
+libraries that call cuBLASLt from C++ (Transformer Engine's ``te.Linear``); for those use
+:class:`FP8Linear`, or :mod:`cpemu.evo2` for a vortex model.
 Gradients do not flow through the emulated product (FP8 GEMMs here are for inference
 and for checking numerics).
 
@@ -34,9 +39,11 @@ argument rules, and what cpemu refuses); ``layout`` and ``scaling`` (how torch r
 operands' strides and the scales); ``routes`` (the tensor-core pointer path, the
 exact-kernel route, the general route); ``device`` (cupy, streams, the scale check in stream
 order); ``convert`` (tensors as numpy arrays and back); ``dtypes``; ``patching``
-(:class:`patch`); ``linear`` (:class:`FP8Linear`). A module imports only modules before it
-in this order: ``dtypes``, ``layout``, ``scaling``, ``rules``, ``convert``, ``device``,
-``routes``, ``api``, ``patching``, ``linear``.
+(:class:`patch`); ``dispatch`` (:class:`dispatch`); ``chunking`` (row chunks that keep the
+bits); ``linear`` (:class:`FP8Linear`); ``te_state`` (Transformer Engine's ``_extra_state``).
+A module imports only modules before it in this order: ``dtypes``, ``layout``, ``scaling``,
+``rules``, ``convert``, ``device``, ``routes``, ``api``, ``patching``, ``dispatch``,
+``chunking``, ``linear``, ``te_state``.
 """
 
 from __future__ import annotations
@@ -47,8 +54,9 @@ from ..profile import DEFAULT_PROFILE
 from .api import scaled_mm
 from .linear import E4M3_MAX, FP8Linear, delayed_scaling_scale, quantize_e4m3
 from .patching import patch
+from .dispatch import dispatch
 
-__all__ = ["scaled_mm", "patch", "FP8Linear", "quantize_e4m3", "delayed_scaling_scale", "E4M3_MAX"]
+__all__ = ["scaled_mm", "patch", "dispatch", "FP8Linear", "quantize_e4m3", "delayed_scaling_scale", "E4M3_MAX"]
 
 
 def _check_torch_version():  # pragma: no cover - import-time guard

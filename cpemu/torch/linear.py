@@ -7,6 +7,7 @@ import torch
 
 from ..profile import DEFAULT_PROFILE, get_profile
 from .api import scaled_mm
+from .chunking import row_chunks
 
 #: Largest finite float8_e4m3fn value (Transformer Engine's ``fp8_max`` for E4M3).
 E4M3_MAX = 448.0
@@ -47,6 +48,11 @@ class FP8Linear(torch.nn.Module):
        the split accumulator), no bias;
     4. the padding rows are removed; leading dimensions of ``x`` are kept.
 
+    Where the padded token count passes the profile's domain of M (long contexts), or
+    ``max_rows`` caps it, the rows run in chunks, only where that keeps the bits
+    (:func:`cpemu.torch.chunking.row_chunks`: the schedule is unsplit for every chunk and
+    for the whole call); elsewhere :class:`cpemu.UnsupportedShape` is raised.
+
     Buffers: ``weight`` (out_features, in_features) float8_e4m3fn, ``weight_scale_inv``,
     ``input_scale``, ``input_scale_inv`` (0-d float32). ``.to(device)`` moves them; the
     scales are "given values" (TE's amax history is not updated here).
@@ -64,7 +70,7 @@ class FP8Linear(torch.nn.Module):
     """
 
     def __init__(self, weight_fp8, weight_scale_inv, input_scale, *, input_scale_inv=None,
-                 profile=DEFAULT_PROFILE, backend="auto"):
+                 profile=DEFAULT_PROFILE, backend="auto", max_rows: int | None = None):
         super().__init__()
         if not isinstance(weight_fp8, torch.Tensor) or weight_fp8.dtype != torch.float8_e4m3fn \
                 or weight_fp8.dim() != 2:
@@ -78,8 +84,11 @@ class FP8Linear(torch.nn.Module):
         isi = torch.reciprocal(isc) if input_scale_inv is None else _scalar_scale(input_scale_inv, "input_scale_inv",
                                                                                    dev)
         get_profile(profile)
+        if max_rows is not None and (not isinstance(max_rows, int) or max_rows < 16 or max_rows % 16):
+            raise ValueError(f"max_rows: must be None or a positive multiple of 16 (got {max_rows!r})")
         self.profile = profile
         self.backend = backend
+        self.max_rows = max_rows
         self.register_buffer("weight", weight_fp8.detach().contiguous())
         self.register_buffer("weight_scale_inv", wsi.clone())
         self.register_buffer("input_scale", isc.clone())
@@ -87,7 +96,7 @@ class FP8Linear(torch.nn.Module):
 
     @classmethod
     def from_weight(cls, weight, *, input_amax=None, input_scale=None, weight_amax=None, margin: int = 0,
-                    profile=DEFAULT_PROFILE, backend="auto"):
+                    profile=DEFAULT_PROFILE, backend="auto", max_rows: int | None = None):
         """From a bf16/fp32 (out_features, in_features) weight, with TE delayed-scaling scales.
 
         ``weight_amax`` (default: the weight's own max |w|) and ``input_amax`` (the amax
@@ -102,14 +111,14 @@ class FP8Linear(torch.nn.Module):
         if input_scale is None:
             input_scale = delayed_scaling_scale(input_amax, margin)
         return cls(quantize_e4m3(weight, w_scale), torch.reciprocal(w_scale), input_scale,
-                   profile=profile, backend=backend)
+                   profile=profile, backend=backend, max_rows=max_rows)
 
     @classmethod
     def from_fp8(cls, weight_fp8, weight_scale_inv, *, input_scale, input_scale_inv=None,
-                 profile=DEFAULT_PROFILE, backend="auto"):
+                 profile=DEFAULT_PROFILE, backend="auto", max_rows: int | None = None):
         """From a quantised E4M3 weight and its ``scale_inv`` (an FP8 checkpoint)."""
         return cls(weight_fp8, weight_scale_inv, input_scale, input_scale_inv=input_scale_inv,
-                   profile=profile, backend=backend)
+                   profile=profile, backend=backend, max_rows=max_rows)
 
     @property
     def in_features(self) -> int:
@@ -139,8 +148,11 @@ class FP8Linear(torch.nn.Module):
             x_fp8 = buf.view(torch.float8_e4m3fn)
         else:
             x_fp8 = x_fp8.contiguous()
-        y = scaled_mm(x_fp8, self.weight.t(), self.input_scale_inv, self.weight_scale_inv,
-                      out_dtype=torch.bfloat16, use_fast_accum=True, profile=self.profile, backend=self.backend)
+        chunks = row_chunks(self.profile, M + pad, self.out_features, K, max_rows=self.max_rows) if M else [(0, 0)]
+        parts = [scaled_mm(x_fp8[i:j], self.weight.t(), self.input_scale_inv, self.weight_scale_inv,
+                           out_dtype=torch.bfloat16, use_fast_accum=True, profile=self.profile, backend=self.backend)
+                 for i, j in chunks]
+        y = parts[0] if len(parts) == 1 else torch.cat(parts)
         return y[:M] if pad else y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,8 @@ class patch(contextlib.ContextDecorator):
     replaced), and one ``patch`` object may be re-entered. The replacement is
     process-wide (it is a module attribute), so do not patch from several threads at
     once. Code that looked the function up before the block (``from torch import
-    _scaled_mm``), ``torch.ops.aten._scaled_mm`` and compiled graphs are not affected.
+    _scaled_mm``), ``torch.ops.aten._scaled_mm`` and compiled graphs are not affected:
+    :class:`~cpemu.torch.dispatch` reaches those.
     """
 
     def __init__(self, profile=DEFAULT_PROFILE, backend="auto"):
