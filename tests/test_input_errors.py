@@ -167,7 +167,7 @@ def test_bad_truth_manifest_names_the_file(tmp_path, content, rule):
         load_manifest(str(tmp_path))
     assert str(man) in str(e.value) and str(e.value).startswith("truth: ") and len(str(e.value)) < 600
     r = CliRunner().invoke(main, ["verify", str(tmp_path)])
-    assert r.exit_code == 1 and f"Error: truth: " in r.output and rule in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and "Error: truth: " in r.output and rule in r.output and "Traceback" not in r.output
 
 
 # --------------------------------------------------------------------------- .npy files of ml_dtypes arrays
