@@ -8,6 +8,7 @@ backend and the memory available before its inputs are drawn.
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import click
 import ml_dtypes
@@ -163,6 +164,11 @@ def demo_operands(case: Case, scale_a: float, scale_b: float, notes: list):
     else the options' as float32."""
     from dataclasses import replace
 
+    from .progress import is_terminal
+
+    codes = (case.M + case.N) * case.K
+    if codes >= 1 << 26 and is_terminal(sys.stderr):  # a few seconds of drawing before the compute's progress
+        click.echo(f"[cpemu gemm] drawing the demo's {codes / 1e6:.0f} M input codes", err=True)
     a, bt, sa, sb, _ = operands(replace(case, scale="unit") if case.scale == "custom" else case)
     A = a.view(FP8_FORMATS[case.a_format].np_dtype)
     B = bt.view(FP8_FORMATS[case.b_format].np_dtype).T  # (K, N) view of column-major B

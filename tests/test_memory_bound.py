@@ -209,3 +209,18 @@ def test_bench_memory_tool(capsys):
     rec = bench_memory.main(["--M", "2", "--N", "16", "--K", "4096", "--threads", "1"])
     assert json.loads(capsys.readouterr().out) == rec
     assert rec["inputs_bytes"] == 18 * 4096 and rec["output_bytes"] == 2 * 16 * 4 and rec["peak_rss_bytes"] > 0
+
+
+def test_strided_operands_are_read_in_place():
+    """cpemu.gemm passes operand views to the reference (no copy of either operand): any strides
+    give the bits of the contiguous operands."""
+    rng = np.random.default_rng(5)
+    big_a = rng.integers(0, 0x7E, (24, 256), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    big_b = rng.integers(0, 0x7E, (128, 96), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    a, b = big_a[::2, ::2], np.asfortranarray(big_b[:, ::3])  # (12, 128) strided, (128, 32) column-major
+    want = cpemu.gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), out_dtype="float32")
+    got = cpemu.gemm(a, b, out_dtype="float32")
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    got_t = cpemu.gemm(a, np.ascontiguousarray(b), out_dtype="float32", fast_accum=False)
+    want_t = cpemu.gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), out_dtype="float32", fast_accum=False)
+    assert np.array_equal(got_t.view(np.uint32), want_t.view(np.uint32))
