@@ -320,7 +320,7 @@ def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, r
             sa, sb = _g.scale(scale_a, "scale_a", notes), _g.scale(scale_b, "scale_b", notes)
         else:
             case = _g.demo_call(demo, m_rows, seed, recorded, a_format, b_format, fast_accum, out_dtype, scale_a,
-                              scale_b)
+                                scale_b)
             _g.check_before_inputs(prof, case, backend)
             A, B, sa, sb = _g.demo_operands(case, scale_a, scale_b, notes)
             source = f"demo {demo or 'evo2-1b'} (gauss40 data, seed {case.seed}" + \
@@ -335,7 +335,7 @@ def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, r
 
     plan = None if call is None else call.plan
     rec = _g.gemm_record(source, A, B, y, prof, select(backend, prof, call), out_dtype, fast_accum, sa, sb, plan,
-                       elapsed, out_path, notes + ([saved] if saved else []))
+                         elapsed, out_path, notes + ([saved] if saved else []))
     if case is not None:
         from .demo import verdict
 

@@ -143,8 +143,8 @@ def demo_call(demo, m_rows, seed, recorded, a_format, b_format, fast_accum, out_
         return recorded_case(demo)
     if m_rows is not None and m_rows < 1:
         raise click.BadParameter("must be at least 1", param_hint="--M")
-    scale = "unit" if scale_a == 1.0 and scale_b == 1.0 else "custom"
-    return demo_case(demo, m_rows, seed, a_format, b_format, fast_accum, out_dtype, scale)
+    kind = "unit" if scale_a == 1.0 and scale_b == 1.0 else "custom"
+    return demo_case(demo, m_rows, seed, a_format, b_format, fast_accum, out_dtype, kind)
 
 
 def check_before_inputs(prof: Profile, case: Case, backend: str) -> None:
