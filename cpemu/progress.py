@@ -41,14 +41,14 @@ def duration(seconds: float) -> str:
 class Progress:
     """A progress line for ``total`` units of work (see the module docstring).
 
-    ``terminal_only=False`` writes every redraw as its own line even when the stream is not a
+    ``terminal_only=False`` writes every redraw as its own line, also when the stream is not a
     terminal (for logs of batch tools), from the first call on."""
 
     def __init__(self, total: int, label: str, stream=None, terminal_only: bool = True, every: float | None = None,
                  clock=time.monotonic):
         self.total, self.label = max(0, int(total)), label
         self.stream = sys.stderr if stream is None else stream
-        self.tty = is_terminal(self.stream)
+        self.tty = is_terminal(self.stream) and terminal_only  # redrawn in place
         self.enabled = (self.tty or not terminal_only) and self.total > 0
         self.delay = DELAY if terminal_only else 0.0
         self.every = EVERY if every is None else every
