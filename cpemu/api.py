@@ -12,6 +12,7 @@ from . import backends
 from .call import Operands
 from .formats import OUT_DTYPES, fp8_format
 from .profile import DEFAULT_PROFILE, get_profile
+from .progress import Progress
 
 BACKENDS = backends.LADDER  # best first; "auto" picks the first available, validated one
 
@@ -95,7 +96,7 @@ def _check_device_operand(x, name: str, fmt_name, k_major: bool):
 
 
 def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, out_dtype="bfloat16",
-         fast_accum=True, backend="auto", a_format=None, b_format=None):
+         fast_accum=True, backend="auto", a_format=None, b_format=None, progress=False):
     """``out = (a @ b) * scale_a * scale_b (+ bias)`` with the bits of the profile's GPU.
 
     ``a``: (M, K) and ``b``: (K, N) numpy arrays of ml_dtypes ``float8_e4m3fn`` /
@@ -107,7 +108,9 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
     for rowwise scaling. ``bias``: (N,) ml_dtypes bfloat16 (float16 for float16 output).
     ``out_dtype``: "bfloat16", "float16" or "float32". ``fast_accum``: torch's
     ``use_fast_accum``. ``backend``: "auto" (the fastest validated one, see
-    :mod:`cpemu.backends`) or a name.
+    :mod:`cpemu.backends`) or a name. ``progress``: True draws a line with the share done and
+    an estimate of the time left on stderr, for work that runs over a second on the CPU and
+    only when stderr is a terminal (:class:`cpemu.progress.Progress`).
 
     Returns, for numpy inputs, a C-contiguous numpy array of ``out_dtype`` whose bytes equal
     torch._scaled_mm's output on the profile's GPU; for cupy inputs a cupy array on the
@@ -123,6 +126,8 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
         _fail("out_dtype", f"must be one of {sorted(OUT_DTYPES)}", repr(out_dtype))
     if not isinstance(fast_accum, (bool, np.bool_)):
         _fail("fast_accum", "must be a bool", type(fast_accum).__name__)
+    if not isinstance(progress, (bool, np.bool_)):
+        _fail("progress", "must be a bool", type(progress).__name__)
     scale_a, scale_b, bias = _host_arguments(scale_a, scale_b, bias)
     sa, sb, scaling = _scaling(_check_scale(scale_a, "scale_a"), _check_scale(scale_b, "scale_b"), M, N)
     sa, sb = np.asarray(sa, dtype=np.float32), np.asarray(sb, dtype=np.float32)
@@ -138,9 +143,11 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
             if on_gpu else y
     call = prof.call(M, N, K, fa.name, fb.name, out_dtype, scaling, bool(fast_accum), bias_dtype)
     if not on_gpu:
-        ops = Operands(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b.T).view(np.uint8), sa, sb,
-                       bias_f32)
-        return backends.run(backends.select(backend, prof, call), call, ops, on_device=False)
+        # views, never copies: the reference reads any strides, a device backend gets contiguous copies
+        ops = Operands(a.view(np.uint8), b.T.view(np.uint8), sa, sb, bias_f32)
+        name = backends.select(backend, prof, call)
+        with Progress(M * N * K if progress else 0, f"cpemu.gemm {M}x{N}x{K}") as line:
+            return backends.run(name, call, ops, on_device=False, progress=line if progress else None)
     import cupy
 
     ops = Operands(a, b.T, sa, sb, bias_f32)

@@ -120,6 +120,25 @@ def _codes(rng: np.random.Generator, shape, kind: str, fmt_name: str) -> np.ndar
     raise ValueError(f"unknown data kind {kind!r}; expected one of {DATA_KINDS}")
 
 
+#: Kinds drawn with one random number per element, in order: their rows can be drawn a block at
+#: a time with the same bits (numpy's Generator continues its stream across calls).
+_ROWWISE_KINDS = ("uniform", "gauss1", "gauss40", "gauss-tiny")
+#: Elements drawn at once for a large operand of those kinds (bounds the float64 temporaries).
+GEN_CHUNK = 1 << 22
+
+
+def _codes_in_rows(rng: np.random.Generator, shape, kind: str, fmt_name: str) -> np.ndarray:
+    """:func:`_codes`, drawn GEN_CHUNK elements at a time where the kind allows it (same bits)."""
+    rows, K = shape
+    if kind not in _ROWWISE_KINDS or rows * K <= GEN_CHUNK:
+        return _codes(rng, shape, kind, fmt_name)
+    out = np.empty(shape, dtype=np.uint8)
+    step = max(1, GEN_CHUNK // max(1, K))
+    for i in range(0, rows, step):
+        out[i:i + step] = _codes(rng, (min(step, rows - i), K), kind, fmt_name)
+    return out
+
+
 def operands(case: Case):
     """Regenerate the inputs of ``case``.
 
@@ -139,8 +158,8 @@ def operands(case: Case):
         pa = r.random((M, K)) < 0.03
         a = np.where(pa, _codes(r, (M, K), "gauss1", case.a_format), a).astype(np.uint8)
     else:
-        a = _codes(_rng(case, "a"), (M, K), case.data, case.a_format)
-        bt = _codes(_rng(case, "b"), (N, K), case.data, case.b_format)
+        a = _codes_in_rows(_rng(case, "a"), (M, K), case.data, case.a_format)
+        bt = _codes_in_rows(_rng(case, "b"), (N, K), case.data, case.b_format)
     rs = _rng(case, "scale")
     if case.scale == "unit":
         sa = np.array(1.0, np.float32)

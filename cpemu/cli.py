@@ -5,7 +5,8 @@
   build and the devices they could run on. ``--json`` for machine-readable output.
 * ``cpemu gemm`` -- one emulated ``torch._scaled_mm`` on operands from ``.npy`` files
   or on a built-in Evo 2 projection shape (the default: ``--demo evo2-1b`` at M = 16);
-  prints the schedule, the sha256 of the output bytes and the speed.
+  prints the schedule, the sha256 of the output bytes, the speed and, for a demo, whether
+  the output is the H200's recorded one (``--recorded`` runs the recorded call).
 * ``cpemu verify TRUTH_DIR`` -- recompute every case of a GPU truth recording and
   compare bits; exits non-zero on any mismatch or error.
 
@@ -17,7 +18,6 @@ one ``Error: ...`` line, never as a traceback.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import json
 import os
@@ -28,13 +28,14 @@ from collections import Counter
 
 import click
 import jsonschema
-import ml_dtypes
 import numpy as np
 
 from .api import BACKENDS, gemm as _gemm
-from .cases import EVO2_SHAPES, Case, operands, sha256_arrays
+from .cases import EVO2_SHAPES
 from .formats import FP8_FORMATS, OUT_DTYPES
 from .profile import DEFAULT_PROFILE, Profile, get_profile, profiles
+from . import cli_gemm as _g
+from .progress import Progress
 
 __all__ = ["main"]
 
@@ -146,7 +147,8 @@ def _profile_info(name: str) -> dict:
         modes[scaling] = {"kernel": m["kernel"], "out_dtypes": list(m["out_dtypes"]),
                           "bias_dtypes": dict(m["bias_dtypes"]),
                           "promotion_interval": m["promotion_interval"],
-                          "split_k": m["split_k"]["kind"], "epilogue": m["epilogue"]["order"]}
+                          "split_k": m["split_k"]["kind"], "epilogue": m["epilogue"]["order"],
+                          "domain": m["split_k"].get("domain")}
     ver = d["verification"]
     return {"name": p.name, "arch": d["arch"], "device": d["device"], "library": d["library"],
             "caller": d["caller"], "summary": d["summary"],
@@ -243,6 +245,9 @@ def _print_info(r: dict, cuda: dict):
             echo(f"    mode {scaling}: out {', '.join(m['out_dtypes'])}; bias {bias}; "
                  f"split-K {m['split_k']}; promotion every {m['promotion_interval']} steps; "
                  f"epilogue {m['epilogue']}")
+            if m["domain"]:
+                echo("      domain: " + ", ".join(f"{ax} {lo}..{hi}" for ax, (lo, hi) in m["domain"].items()
+                                                   if ax in "MNK"))
     for b in r["invalid_profiles"]:
         echo(f"  {b['name']}: INVALID: {b['error']}")
     echo("")
@@ -268,60 +273,6 @@ def _print_info(r: dict, cuda: dict):
 
 # --------------------------------------------------------------------------- gemm
 
-def _read_npy(path: str, arg: str) -> np.ndarray:
-    """The array of a .npy file, or a ClickException naming the option, the file and the rule."""
-    try:
-        x = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise click.ClickException(f"{arg}: {path} is not a readable .npy file of FP8 codes "
-                                   f"({type(e).__name__}: {_one_line(e)})") from None
-    if not isinstance(x, np.ndarray):  # an .npz archive under another name
-        raise click.ClickException(f"{arg}: {path} is an .npz archive, not a .npy file of one array")
-    return x
-
-
-def _load_operand(path: str, fmt_name: str | None, arg: str) -> np.ndarray:
-    """An FP8 operand from .npy: uint8 codes (or the raw 1-byte records np.save writes for
-    ml_dtypes arrays) viewed as ``fmt_name``, or an array already of an FP8 dtype."""
-    x = _read_npy(path, arg)
-    fmt = FP8_FORMATS[fmt_name or "e4m3"]
-    if x.dtype in (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)):
-        got = "e4m3" if x.dtype == np.dtype(ml_dtypes.float8_e4m3fn) else "e5m2"
-        if fmt_name is not None and fmt_name != got:
-            raise click.ClickException(f"{arg}: {path} holds {x.dtype} but --{arg}-format is {fmt_name}")
-        return x
-    if x.dtype == np.uint8 or x.dtype == np.dtype("V1"):
-        return x.view(np.uint8).view(fmt.np_dtype)
-    raise click.ClickException(
-        f"{arg}: {path} must hold FP8 codes as uint8 (with --{arg}-format e4m3|e5m2), got dtype {x.dtype}")
-
-
-def _scale(value: float, name: str, notes: list) -> np.ndarray:
-    """A command-line scale as the float32 tensor torch would get (0-d float32 array).
-
-    ``cpemu.gemm`` refuses Python floats that float32 cannot hold exactly; on the command
-    line the value is rounded to float32 (as ``torch.tensor(value)`` does) and a note says so.
-    """
-    with np.errstate(over="ignore"):
-        s = np.array(value, dtype=np.float32)
-    if np.isfinite(value) and not np.isfinite(s):
-        raise click.ClickException(f"{name}: {value!r} overflows float32 (largest finite float32 is 3.4028235e38)")
-    if np.isfinite(value) and float(s) != value:
-        notes.append(f"{name} {value!r} is not exactly representable in float32; "
-                     f"using float32 {float(s)!r} (torch.tensor({value!r}) rounds the same way)")
-    return s
-
-
-def _save(path: str, y: np.ndarray) -> str:
-    if y.dtype == np.dtype(ml_dtypes.bfloat16):
-        # np.save does not keep ml_dtypes dtypes (bfloat16 is written as raw 'V2' records
-        # that np.load cannot turn back into bfloat16), so store the bit patterns.
-        np.save(path, y.view(np.uint16))
-        return "bfloat16 output saved as uint16 bit patterns (read with np.load(...).view(ml_dtypes.bfloat16))"
-    np.save(path, y)
-    return f"{y.dtype} output saved"
-
-
 @main.command()
 @click.option("--a", "a_path", type=click.Path(exists=True, dir_okay=False),
               help="A (M, K): .npy of uint8 FP8 codes.")
@@ -336,6 +287,9 @@ def _save(path: str, y: np.ndarray) -> str:
               help="Built-in Evo 2 FP8 projection shape (the default when no --a/--b are given).")
 @click.option("--M", "--m", "m_rows", type=int, default=None, help="Rows of A for --demo (default 16).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Data seed for --demo.")
+@click.option("--recorded", is_flag=True,
+              help="Run the demo's call as the H200 recorded it (M = 16, the recorded seed, random FP32 tensor "
+                   "scales drawn from it) and compare the output with the recording.")
 @click.option("--profile", "profile_spec", default=None,
               help=f"Profile name or path to a profile JSON file (default {DEFAULT_PROFILE}).")
 @click.option("--scale-a", type=float, default=1.0, show_default=True, help="Tensorwise scale of A.")
@@ -346,122 +300,52 @@ def _save(path: str, y: np.ndarray) -> str:
 @click.option("--backend", default="auto", show_default=True, help=f"auto or one of {', '.join(BACKENDS)}.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Save the result (.npy).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, profile_spec, scale_a, scale_b,
-         out_dtype, fast_accum, backend, out_path, as_json):
+def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, recorded, profile_spec, scale_a,
+         scale_b, out_dtype, fast_accum, backend, out_path, as_json):
     """One emulated torch._scaled_mm: out = (A @ B) * scale_a * scale_b.
 
-    With no operands, runs the evo2-1b demo (M=16, N=5760, K=1920) on the CPU.
+    With no operands, runs the evo2-1b demo (M=16, N=5760, K=1920) on the CPU. Long work draws a
+    progress line with an estimate on stderr (on a terminal).
     """
     notes: list[str] = []
+    case = None
     with _clean_errors():
         if out_path and not os.path.isdir(os.path.dirname(os.path.abspath(out_path))):
             raise click.ClickException(f"--out: the folder of {out_path} does not exist (checked before computing)")
         prof = _resolve_profile(profile_spec)
         if a_path is not None or b_path is not None:
-            A, B, source = _file_operands(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows)
+            if recorded:
+                raise click.UsageError("--recorded applies to --demo only")
+            A, B, source = _g.file_operands(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows)
+            sa, sb = _g.scale(scale_a, "scale_a", notes), _g.scale(scale_b, "scale_b", notes)
         else:
-            A, B, source = _demo_operands(demo, m_rows, seed, a_format, b_format)
-        sa = _scale(scale_a, "scale_a", notes)
-        sb = _scale(scale_b, "scale_b", notes)
-        call = _gemm_call(prof, A, B, fast_accum, out_dtype)
+            case = _g.demo_call(demo, m_rows, seed, recorded, a_format, b_format, fast_accum, out_dtype, scale_a,
+                                scale_b)
+            _g.check_before_inputs(prof, case, backend)
+            A, B, sa, sb = _g.demo_operands(case, scale_a, scale_b, notes)
+            source = f"demo {demo or 'evo2-1b'} (gauss40 data, seed {case.seed}" + \
+                (", the H200's recorded call)" if recorded else ")")
+        call = _g.gemm_call(prof, A, B, fast_accum, out_dtype)
         t0 = time.perf_counter()
         y = _gemm(A, B, profile=prof, scale_a=sa, scale_b=sb, out_dtype=out_dtype, fast_accum=fast_accum,
-                  backend=backend)
+                  backend=backend, progress=True)
         elapsed = time.perf_counter() - t0
-        saved = _save(out_path, y) if out_path else None
+        saved = _g.save(out_path, y) if out_path else None
     from .backends import select
 
     plan = None if call is None else call.plan
-    rec = _gemm_record(source, A, B, y, prof, select(backend, prof, call), out_dtype, fast_accum, sa, sb, plan,
-                       elapsed, out_path, notes + ([saved] if saved else []))
+    rec = _g.gemm_record(source, A, B, y, prof, select(backend, prof, call), out_dtype, fast_accum, sa, sb, plan,
+                         elapsed, out_path, notes + ([saved] if saved else []))
+    if case is not None:
+        from .demo import verdict
+
+        rec["h200"] = verdict(case, prof.name, rec["manifest_sha256"])
     if as_json:
         click.echo(json.dumps(rec, indent=1))
     else:
-        _print_gemm(rec, prof, plan, y)
-
-
-def _file_operands(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows):
-    """A (M, K) and B (K, N) from .npy files, and the text naming them."""
-    if (a_path is None) != (b_path is None):
-        raise click.UsageError("--a and --b go together")
-    if demo is not None:
-        raise click.UsageError("give either --a/--b or --demo, not both")
-    if m_rows is not None:
-        raise click.UsageError("--M applies to --demo only (M is A's number of rows)")
-    A = _load_operand(a_path, a_format, "a")
-    B = _load_operand(b_path, b_format, "b")
-    if b_transposed:
-        if B.ndim != 2:
-            raise click.ClickException(f"b: --b-transposed needs a 2-D (N, K) array, got shape {B.shape}")
-        B = B.T
-    return A, B, f"a={a_path} b={b_path}{' (transposed)' if b_transposed else ''}"
-
-
-def _demo_operands(demo, m_rows, seed, a_format, b_format):
-    """A and B of a built-in Evo 2 projection shape (gauss40 data), and the text naming them."""
-    demo = demo or "evo2-1b"
-    M = 16 if m_rows is None else m_rows
-    if M < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--M")
-    N, K = EVO2_SHAPES[demo]
-    case = Case(M, N, K, data="gauss40", seed=seed, a_format=a_format or "e4m3", b_format=b_format or "e4m3")
-    a, bt, *_ = operands(case)
-    A = a.view(FP8_FORMATS[case.a_format].np_dtype)
-    B = bt.view(FP8_FORMATS[case.b_format].np_dtype).T  # (K, N) view of column-major B
-    return A, B, f"demo {demo} (gauss40 data, seed {seed})"
-
-
-def _gemm_call(prof: Profile, A: np.ndarray, B: np.ndarray, fast_accum: bool, out_dtype: str):
-    """The profile's Call, or None where the operands do not make one (gemm explains why)."""
-    if not (A.ndim == 2 and B.ndim == 2 and A.shape[1] == B.shape[0] and A.shape[0]):
-        return None
-    M, K = A.shape
-    try:
-        return prof.call(M, B.shape[1], K, _fmt_name(A), _fmt_name(B), out_dtype, "tensorwise", fast_accum)
-    except (ValueError, KeyError):
-        return None
-
-
-def _gemm_record(source, A, B, y, prof, used_backend, out_dtype, fast_accum, sa, sb, plan, elapsed, out_path,
-                 notes) -> dict:
-    """What ``cpemu gemm --json`` prints."""
-    M, K = A.shape
-    N = B.shape[1]
-    return {"source": source, "M": M, "N": N, "K": K, "a_format": _fmt_name(A), "b_format": _fmt_name(B),
-            "profile": prof.name, "backend": used_backend, "out_dtype": out_dtype, "fast_accum": fast_accum,
-            "scale_a": float(sa), "scale_b": float(sb),
-            "plan": None if plan is None else {"splits": plan.splits, "slices": [list(s) for s in plan.slices],
-                                               "promotion": plan.promotion},
-            "sha256": hashlib.sha256(np.ascontiguousarray(y).tobytes()).hexdigest(),
-            # what a truth manifest records as output_sha256 (cpemu.cases.sha256_arrays of the bit patterns)
-            "manifest_sha256": sha256_arrays(y.view(np.uint32 if y.dtype == np.float32 else np.uint16)),
-            "seconds": elapsed, "mac_per_s": M * N * K / elapsed if elapsed > 0 else None,
-            "out": out_path, "notes": notes}
-
-
-def _print_gemm(rec: dict, prof: Profile, plan, y: np.ndarray):
-    echo = click.echo
-    echo(f"input:    {rec['source']}")
-    echo(f"shape:    M={rec['M']} N={rec['N']} K={rec['K']}  (a {rec['a_format']}, b {rec['b_format']})")
-    echo(f"profile:  {prof.name} ({prof.data['device']}; {prof.data['verification']['status']})")
-    echo(f"call:     out_dtype={rec['out_dtype']} fast_accum={rec['fast_accum']} scale_a={rec['scale_a']!r} "
-         f"scale_b={rec['scale_b']!r} backend={rec['backend']}")
-    if plan is not None:
-        promo = ("fast accumulation (one chain per slice)" if plan.promotion is None else
-                 f"promotion every {plan.promotion} steps ({plan.promotion * prof.instruction.L} K elements)")
-        sl = ", ".join(f"[{k0},{k1})" for k0, k1 in plan.slices[:8]) + (" ..." if plan.splits > 8 else "")
-        echo(f"plan:     {plan.splits} split-K slice(s) {sl}; {promo}")
-    echo(f"output:   {y.dtype} {y.shape}")
-    echo(f"sha256:   {rec['sha256']}  (raw output bytes, C order)")
-    echo(f"time:     {rec['seconds']:.3f} s, {rec['mac_per_s'] / 1e6:.1f} M MAC/s")
-    for n in rec["notes"]:
-        echo(f"note:     {n}")
-    if rec["out"]:
-        echo(f"saved:    {rec['out']}")
-
-
-def _fmt_name(x: np.ndarray) -> str:
-    return "e4m3" if x.dtype == np.dtype(ml_dtypes.float8_e4m3fn) else "e5m2"
+        _g.print_gemm(rec, prof, plan, y)
+    if (rec.get("h200") or {}).get("equal") is False:
+        sys.exit(1)
 
 
 # --------------------------------------------------------------------------- verify
@@ -490,18 +374,19 @@ def verify(truth_dir, profile_spec, backend, show, as_json, jobs):
         total = len(man["cases"])
         seen = Counter()
         t0 = time.perf_counter()
-        tty = sys.stderr.isatty()
+        work = {c["id"]: c["M"] * c["N"] * c["K"] for c in man["cases"]}  # products: the estimate's unit
+        line = Progress(sum(work.values()), "cpemu verify")
+
+        def tally() -> str:
+            return f"{sum(seen.values())}/{total} cases: " + ", ".join(f"{s} {seen[s]}" for s in STATUSES)
 
         def progress(r):
             seen[r.status] += 1
-            done = sum(seen.values())
-            if tty or done == total or done % 50 == 0:
-                click.echo(f"\r  {done}/{total} cases: " + ", ".join(f"{s} {seen[s]}" for s in STATUSES)
-                           + f"  ({time.perf_counter() - t0:.0f} s)", err=True, nl=not tty)
+            line.add(work.get(r.case_id, 0), tally())
 
-        results, counts = verify_folder(truth_dir, profile=prof, backend=backend, progress=progress, jobs=jobs)
-        if tty:
-            click.echo("", err=True)
+        with line:
+            results, counts = verify_folder(truth_dir, profile=prof, backend=backend, progress=progress, jobs=jobs)
+        click.echo(f"  {tally()}  ({time.perf_counter() - t0:.0f} s)", err=True)
     totals = Counter(r.status for r in results)
     features = sorted({f for f, _ in counts})
     table = {f: {s: counts[(f, s)] for s in STATUSES} for f in features}
@@ -555,13 +440,14 @@ def record(out_dir, base_profile, name, suites, heldout, jobs, complete_seconds)
     from .recording.record import record as run_record
 
     def progress(label):
-        state = {"last": -1}
+        """A callback ``(done, total)`` drawing a progress line with an estimate (on a terminal)."""
+        lines: dict = {}
 
         def cb(done, total):
-            pct = int(100 * done / max(1, total))
-            if pct != state["last"] and (pct % 5 == 0 or done == total):
-                state["last"] = pct
-                click.echo(f"\r[record] {label}: {done}/{total} ({pct}%)", err=True, nl=done == total)
+            line = lines.get(total) or lines.setdefault(total, Progress(total, f"record {label}"))
+            line.update(done, f"{done}/{total}")
+            if done >= total:
+                line.close()
         return cb
 
     try:

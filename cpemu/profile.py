@@ -21,7 +21,8 @@ from .instruction import InstructionModel
 from .schedule import Plan, SplitKRule, UnsupportedShape, slices_for
 from .splitk import no_algorithm
 
-__all__ = ["Profile", "profiles", "get_profile", "load_schema", "ProfileFeatureError"]
+__all__ = ["Profile", "profiles", "get_profile", "load_schema", "ProfileFeatureError", "read_json_file",
+           "check_schema"]
 
 DEFAULT_PROFILE = "hopper-h200-torch"
 
@@ -60,14 +61,7 @@ class Profile:
         """Load and validate a profile JSON file (e.g. one written by ``cpemu record``)."""
         import os
 
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"profile: cannot read the profile file {path!r}: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"profile: {path!r} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") \
-                from None
+        data = read_json_file(path, "profile", "the profile file")
         _validate(data, path)
         return cls(data["name"], data, os.path.dirname(os.path.abspath(path)))
 
@@ -166,14 +160,31 @@ class Profile:
                     f"(profile {self.name!r}), got {bias_dtype}")
 
 
-def _validate(data, where: str) -> None:
-    """The profile schema's verdict as a ValueError naming the file, the place and the rule."""
+def read_json_file(path: str, arg: str, what: str):
+    """The JSON document of a file, or a ValueError naming ``arg``, the file and what is wrong."""
     try:
-        jsonschema.validate(data, load_schema("profile"))
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{arg}: cannot read {what} {path!r}: {getattr(e, 'strerror', None) or e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{arg}: {path!r} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") \
+            from None
+
+
+def check_schema(data, schema: str, where: str, arg: str) -> None:
+    """``schemas/<schema>.schema.json``'s verdict as a ValueError naming the file, the place and the rule."""
+    try:
+        jsonschema.validate(data, load_schema(schema))
     except jsonschema.ValidationError as e:
         at = "/".join(str(p) for p in e.absolute_path) or "(top level)"
-        raise ValueError(f"profile: {where!r} does not follow schemas/profile.schema.json at {at}: "
+        raise ValueError(f"{arg}: {where!r} does not follow schemas/{schema}.schema.json at {at}: "
                          f"{e.message[:300]}") from None
+
+
+def _validate(data, where: str) -> None:
+    """The profile schema's verdict as a ValueError naming the file, the place and the rule."""
+    check_schema(data, "profile", where, "profile")
 
 
 @lru_cache(maxsize=None)

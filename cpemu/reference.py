@@ -19,27 +19,35 @@ is exact in int64 (|sum| < 2**35). No floating-point operation takes part in a
 step except exact scalings by powers of two.
 
 Memory: outputs are processed in blocks of at most ``BLOCK_ELEMS`` (output,
-product) pairs, so a 4096 x 4096 x 4096 product holds a few tens of MiB of
-temporaries per worker thread at once (``CPEMU_THREADS``, default the usable CPUs).
+product) pairs, and each block decodes its operands a K range at a time
+(:class:`Codes`, at most ``K_CHUNK_BYTES`` of decoded operands). A range ends only
+where a step of the chain ends, so blocking never changes a bit. The working set is a
+few MiB per worker thread (``CPEMU_THREADS``, default the usable CPUs) beyond the codes
+and the output, whatever K is (:func:`working_set_bytes`).
 """
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import numpy as np
 
 from .formats import FP8Format
 from .instruction import InstructionModel
 
-__all__ = ["Operand", "decode", "tfdpa", "chain", "accumulate", "epilogue", "gemm_codes", "BLOCK_ELEMS"]
+__all__ = ["Operand", "Codes", "decode", "tfdpa", "chain", "accumulate", "epilogue", "gemm_codes", "BLOCK_ELEMS",
+           "K_CHUNK_BYTES", "working_set_bytes"]
 
 #: Upper bound on block_M * block_N * L elements held by one step's temporaries
 #: (each temporary is int32 or int64: 2**17 elements -> 0.5-1 MiB, cache-sized).
 BLOCK_ELEMS = 1 << 17
 #: Output columns per block.
 BLOCK_COLS = 256
+#: Upper bound on the decoded operand bytes of one block's K range (see :class:`Codes`).
+K_CHUNK_BYTES = 1 << 22
+#: Bytes of one decoded operand element: sign int8, significand int32, exponent int16, NaN and Inf flags.
+DECODED_BYTES = 9
 #: Environment variable: worker threads of the reference GEMM (default: the usable CPUs).
 THREADS_ENV = "CPEMU_THREADS"
 
@@ -70,6 +78,37 @@ class Operand:
         out.nan, out.inf = self.nan[sl], self.inf[sl]
         out.frac_bits, out.has_special = self.frac_bits, self.has_special
         return out
+
+    @property
+    def n(self) -> int:
+        return self.m.shape[0]
+
+    def cols(self, k0: int, k1: int) -> "Operand":
+        """K elements [k0, k1) (a view)."""
+        return self.rows((slice(None), slice(k0, k1)))
+
+
+class Codes:
+    """FP8 codes of an operand, K along the last axis, decoded a K range at a time.
+
+    The same interface as :class:`Operand` for :func:`chain` and :func:`accumulate`
+    (``rows``, ``cols``, ``n``): ``cols(k0, k1)`` decodes only that range, so a block holds
+    decoded operands of one range at once instead of the whole K (any strides are read)."""
+
+    __slots__ = ("codes", "fmt")
+
+    def __init__(self, codes: np.ndarray, fmt: FP8Format):
+        self.codes, self.fmt = codes, fmt
+
+    @property
+    def n(self) -> int:
+        return self.codes.shape[0]
+
+    def rows(self, sl) -> "Codes":
+        return Codes(self.codes[sl], self.fmt)
+
+    def cols(self, k0: int, k1: int) -> Operand:
+        return Operand(self.codes[:, k0:k1], self.fmt)
 
 
 def decode(codes: np.ndarray, fmt: FP8Format) -> Operand:
@@ -157,18 +196,36 @@ def _specials(out, c, a: Operand, b: Operand):
     return out.astype(np.float32)
 
 
-def chain(a: Operand, b: Operand, k0: int, k1: int, model: InstructionModel,
-          c: np.ndarray | None = None) -> np.ndarray:
-    """Steps over K elements [k0, k1) in ascending order, L at a time, from ``c`` (default 0)."""
+def k_range(rows: int, L: int) -> int:
+    """K elements decoded at once for a block of ``rows`` operand rows (A's and B's together):
+    a multiple of ``L`` holding at most ``K_CHUNK_BYTES`` decoded bytes (at least one step)."""
+    return max(1, K_CHUNK_BYTES // (DECODED_BYTES * max(1, rows) * L)) * L
+
+
+def chain(a: Operand | Codes, b: Operand | Codes, k0: int, k1: int, model: InstructionModel,
+          c: np.ndarray | None = None, tick=None) -> np.ndarray:
+    """Steps over K elements [k0, k1) in ascending order, L at a time, from ``c`` (default 0).
+
+    The operands are read a K range at a time (:func:`k_range`), each range a whole number
+    of steps from ``k0``: the accumulator carries over between ranges as between steps, so
+    the bits do not depend on the range length. ``tick(products)``, if given, is called
+    after each range with the number of products it computed."""
     if c is None:
-        c = np.zeros((a.m.shape[0], b.m.shape[0]), dtype=np.float32)
-    for k in range(k0, k1, model.L):
-        ke = min(k + model.L, k1)
-        c = tfdpa(c, a.rows((slice(None), slice(k, ke))), b.rows((slice(None), slice(k, ke))), model)
+        c = np.zeros((a.n, b.n), dtype=np.float32)
+    L = model.L
+    span = k_range(a.n + b.n, L)
+    for r0 in range(k0, k1, span):
+        r1 = min(r0 + span, k1)
+        ar, br = a.cols(r0, r1), b.cols(r0, r1)
+        for k in range(0, r1 - r0, L):
+            ke = min(k + L, r1 - r0)
+            c = tfdpa(c, ar.cols(k, ke), br.cols(k, ke), model)
+        if tick is not None:
+            tick(a.n * b.n * (r1 - r0))
     return c
 
 
-def accumulate(a: Operand, b: Operand, plan, model: InstructionModel) -> np.ndarray:
+def accumulate(a: Operand | Codes, b: Operand | Codes, plan, model: InstructionModel, tick=None) -> np.ndarray:
     """The FP32 accumulator of the GEMM as ``plan`` (a :class:`cpemu.schedule.Plan`) schedules it.
 
     Each slice [k0, k1) is accumulated from zero: with ``plan.promotion`` None as one
@@ -180,12 +237,12 @@ def accumulate(a: Operand, b: Operand, plan, model: InstructionModel) -> np.ndar
     partial = None
     for k0, k1 in plan.slices:
         if plan.promotion is None:
-            p = chain(a, b, k0, k1, model)
+            p = chain(a, b, k0, k1, model, tick=tick)
         else:
             step = plan.promotion * model.L
             p = None
             for s in range(k0, k1, step):
-                part = chain(a, b, s, min(s + step, k1), model)
+                part = chain(a, b, s, min(s + step, k1), model, tick=tick)
                 with np.errstate(invalid="ignore", over="ignore"):  # inf - inf -> NaN, as on the GPU
                     p = part if p is None else (p + part)  # float32 + float32: IEEE RN
         with np.errstate(invalid="ignore", over="ignore"):
@@ -244,8 +301,21 @@ def threads_default() -> int:
     return max(1, min(n, 32))
 
 
+def working_set_bytes(M: int, N: int, L: int, threads: int) -> int:
+    """An upper bound on the bytes :func:`gemm_codes` holds beyond its codes and its output:
+    per worker thread, one block's step temporaries (a few int32/int64 arrays of at most
+    ``BLOCK_ELEMS`` elements), its decoded K range and its accumulator. It does not grow
+    with K, and with M and N only up to the block size."""
+    rows, cols = next(blocks(M, N, L), (slice(0, 0), slice(0, 0)))
+    nr, nc = rows.stop - rows.start, cols.stop - cols.start
+    step = 48 * BLOCK_ELEMS  # P, E, T (int32), S (int64), signs and the specials' masks
+    decoded = DECODED_BYTES * (nr + nc) * k_range(nr + nc, L)
+    return threads * (step + decoded + 16 * nr * nc)
+
+
 def gemm_codes(a_codes, bt_codes, a_fmt, b_fmt, plan, model: InstructionModel, ep: dict, scale_a, scale_b, bias,
-               out_dtype: str, nan_bits: int | None = None, threads: int | None = None) -> np.ndarray:
+               out_dtype: str, nan_bits: int | None = None, threads: int | None = None,
+               progress=None) -> np.ndarray:
     """The whole GEMM on FP8 codes: ``a_codes`` (M, K) and ``bt_codes`` (N, K) uint8, block by
     block (:func:`blocks`): accumulate as ``plan`` schedules, then the epilogue ``ep``, then the
     output conversion. ``scale_a``: () or (M, 1); ``scale_b``: () or (1, N); ``bias``: None or
@@ -253,27 +323,47 @@ def gemm_codes(a_codes, bt_codes, a_fmt, b_fmt, plan, model: InstructionModel, e
 
     Blocks are independent and write disjoint parts of the output, so ``threads`` workers
     (default :func:`threads_default`; numpy releases the GIL inside its loops) compute them
-    in any order with the same bits."""
+    in any order with the same bits. Each block reads its operands a K range at a time
+    (:class:`Codes`), so memory beyond the codes and the output stays within
+    :func:`working_set_bytes`. An output larger than the memory available is refused before
+    it is allocated (:func:`cpemu.memory.check_output`). ``progress``: None or an object with
+    ``add(products)`` (:class:`cpemu.progress.Progress`), told of each K range computed."""
     from .formats import OUT_DTYPES, encode_output
+    from .memory import check_output
 
-    a_ops, b_ops = decode(a_codes, a_fmt), decode(bt_codes, b_fmt)
-    M, N = a_ops.m.shape[0], b_ops.m.shape[0]
+    M, N = a_codes.shape[0], bt_codes.shape[0]
+    n = max(1, threads_default() if threads is None else int(threads))
+    check_output(M, N, out_dtype, working_set_bytes(M, N, model.L, n))
+    a_ops, b_ops = Codes(a_codes, a_fmt), Codes(bt_codes, b_fmt)
     out = np.empty((M, N), dtype=OUT_DTYPES[out_dtype])
+    tick = None if progress is None else progress.add
 
     def block(rc):
         rb, cb = rc
-        acc = accumulate(a_ops.rows(rb), b_ops.rows(cb), plan, model)
+        acc = accumulate(a_ops.rows(rb), b_ops.rows(cb), plan, model, tick)
         y = epilogue(acc, scale_a if np.ndim(scale_a) == 0 else scale_a[rb],
                      scale_b if np.ndim(scale_b) == 0 else scale_b[:, cb], None if bias is None else bias[cb], ep)
         out[rb, cb] = encode_output(y, out_dtype, nan_bits)
 
-    todo = list(blocks(M, N, model.L))
-    n = min(threads_default() if threads is None else int(threads), len(todo))
-    if n <= 1:
+    todo = blocks(M, N, model.L)
+    if n <= 1 or M * N <= 1:
         for rc in todo:
             block(rc)
     else:
-        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="cpemu-ref") as pool:
-            for _ in pool.map(block, todo):  # re-raises a block's exception
-                pass
+        _run_bounded(block, todo, n)
     return out
+
+
+def _run_bounded(fn, items, n: int) -> None:
+    """``fn`` on every item in ``n`` worker threads, at most ``2 n`` items in flight (a lazy
+    iterator of millions of blocks is never held whole); re-raises the first exception."""
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="cpemu-ref") as pool:
+        pending = set()
+        for item in items:
+            if len(pending) >= 2 * n:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    f.result()
+            pending.add(pool.submit(fn, item))
+        for f in pending:
+            f.result()

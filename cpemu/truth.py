@@ -10,19 +10,17 @@ id) or torch's error when the call was rejected.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass
 
-import jsonschema
 import ml_dtypes
 import numpy as np
 
 from .api import gemm
 from .cases import Case, operands, sha256_arrays
 from .formats import FP8_FORMATS
-from .profile import load_schema
+from .profile import check_schema, read_json_file
 
 __all__ = ["load_manifest", "check_case", "CaseResult", "file_sha256", "features_of"]
 
@@ -36,10 +34,11 @@ def file_sha256(path: str) -> str:
 
 
 def load_manifest(folder: str, verify_files: bool = True) -> dict:
-    """Load and validate ``folder/manifest.json``; check every listed file's sha256."""
-    with open(os.path.join(folder, "manifest.json")) as f:
-        man = json.load(f)
-    jsonschema.validate(man, load_schema("truth"))
+    """Load and validate ``folder/manifest.json``; check every listed file's sha256. A missing,
+    unreadable, malformed or schema-invalid manifest raises ValueError naming the file."""
+    path = os.path.join(folder, "manifest.json")
+    man = read_json_file(path, "truth", "the truth manifest")
+    check_schema(man, "truth", path, "truth")
     if verify_files:
         for name, digest in man["files"].items():
             got = file_sha256(os.path.join(folder, name))

@@ -68,9 +68,11 @@ class Backend(Protocol):
     def supports(self, call) -> str | None:
         """None when it reproduces ``call``, else why not (never raises for a valid Call)."""
 
-    def run(self, call, operands):
+    def run(self, call, operands, progress=None):
         """The output of ``call`` on ``operands`` (:class:`~cpemu.call.Operands`): numpy, or for a
-        device backend a cupy array (float32, or uint16 bits for bfloat16 / float16)."""
+        device backend a cupy array (float32, or uint16 bits for bfloat16 / float16).
+        ``progress``: None or a :class:`cpemu.progress.Progress` told of the products computed
+        (a host backend reports; a device backend may ignore it)."""
 
 
 class ProbedBackend:
@@ -186,8 +188,8 @@ def select(backend: str, profile, call=None) -> str:
     return backend
 
 
-def run(name: str, call, operands, on_device: bool):
-    """``get(name).run(call, operands)`` with the operands moved to where the backend runs:
+def run(name: str, call, operands, on_device: bool, progress=None):
+    """``get(name).run(call, operands, progress)`` with the operands moved to where the backend runs:
     host operands go to the current CUDA device for a device backend, device operands to the
     host for a host backend. The result comes back where the operands were: numpy of
     ``call.out_dtype``, or cupy (float32, or uint16 bits for bfloat16 / float16)."""
@@ -196,18 +198,18 @@ def run(name: str, call, operands, on_device: bool):
 
     b = get(name)
     if b.on_device == on_device:
-        y = b.run(call, operands)
+        y = b.run(call, operands, progress=progress)
         return y if on_device else np.asarray(y).view(OUT_DTYPES[call.out_dtype])
     import cupy
 
     if b.on_device:  # numpy operands on a device backend
-        moved = Operands(cupy.asarray(operands.a), cupy.asarray(operands.bt), operands.scale_a, operands.scale_b,
-                         operands.bias)
-        return cupy.asnumpy(b.run(call, moved)).view(OUT_DTYPES[call.out_dtype])
+        a, bt = (cupy.asarray(np.ascontiguousarray(x)) for x in (operands.a, operands.bt))
+        moved = Operands(a, bt, operands.scale_a, operands.scale_b, operands.bias)
+        return cupy.asnumpy(b.run(call, moved, progress=progress)).view(OUT_DTYPES[call.out_dtype])
     host = Operands(np.ascontiguousarray(cupy.asnumpy(operands.a)), np.ascontiguousarray(cupy.asnumpy(operands.bt)),
                     _host(operands.scale_a),
                     _host(operands.scale_b), None if operands.bias is None else _host(operands.bias))
-    y = b.run(call, host)
+    y = b.run(call, host, progress=progress)
     return cupy.asarray(y.view(np.float32 if call.out_dtype == "float32" else np.uint16))
 
 

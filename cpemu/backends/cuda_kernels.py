@@ -31,7 +31,7 @@ class CudaKernel(ProbedBackend):
 
         return limits(call, self.name)
 
-    def run(self, call, ops):
+    def run(self, call, ops, progress=None):  # device work is short: no progress
         from ..cuda.kernels import launch
 
         return launch(self.name, call, ops)

@@ -20,10 +20,10 @@ class Reference:
     def supports(self, call) -> str | None:
         return None
 
-    def run(self, call, ops):
+    def run(self, call, ops, progress=None):
         return ref.gemm_codes(ops.a, ops.bt, call.a_format, call.b_format, call.plan, call.model,
                               call.epilogue.spec(), ops.scale_a, ops.scale_b, ops.bias, call.out_dtype,
-                              call.epilogue.nan_bits)
+                              call.epilogue.nan_bits, progress=progress)
 
 
 BACKENDS = {"reference": Reference()}

@@ -8,6 +8,8 @@ import time
 
 import click
 
+from ..progress import Progress as _Progress
+
 
 def echo(msg: str) -> None:
     click.echo(msg, err=True)
@@ -28,19 +30,12 @@ def write_json_atomic(path: str, obj) -> None:
         raise
 
 
-class Progress:
-    """A single counter line on stderr, at most every ``every`` seconds."""
+class Progress(_Progress):
+    """A counter line on stderr at most every ``every`` seconds, also when stderr is not a terminal
+    (the tools' logs): done/total, the share, the time elapsed and an estimate of the time left."""
 
     def __init__(self, total: int, label: str, every: float = 2.0):
-        self.total, self.label, self.every = total, label, every
-        self.t0 = self.last = time.time()
+        super().__init__(total, label, terminal_only=False, every=every, clock=time.time)
 
     def update(self, done: int, force: bool = False) -> None:
-        now = time.time()
-        if not force and now - self.last < self.every:
-            return
-        self.last = now
-        rate = done / max(now - self.t0, 1e-9)
-        eta = (self.total - done) / rate if rate > 0 else float("inf")
-        echo(f"[{self.label}] {done}/{self.total} ({100.0 * done / max(self.total, 1):.1f}%) "
-              f"{rate:.0f}/s eta {eta:.0f}s")
+        super().update(done, f"{done}/{self.total}", force)

@@ -1,0 +1,50 @@
+"""Memory checks made before a call allocates: its output must fit in the memory available.
+
+The reference's working set beyond its operands and output is bounded by construction
+(:func:`cpemu.reference.working_set_bytes`, a few MiB per worker thread), so the output is
+what can outgrow the machine. :func:`check_output` refuses such a call before anything is
+allocated, naming the size it would need.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["OutputTooLarge", "available_bytes", "check_output", "gib"]
+
+
+class OutputTooLarge(ValueError):
+    """The call's output (plus the working set) needs more memory than this machine has available."""
+
+
+def gib(n: int) -> str:
+    return f"{n / 2 ** 30:.2f} GiB"
+
+
+def available_bytes() -> int | None:
+    """Memory available to a new allocation: ``MemAvailable`` of /proc/meminfo, else the free
+    physical pages, else None (unknown: nothing is refused)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_output(M: int, N: int, out_dtype: str, working_bytes: int = 0) -> None:
+    """Raise :class:`OutputTooLarge` when an (M, N) ``out_dtype`` output and ``working_bytes``
+    do not fit in :func:`available_bytes`."""
+    from .formats import OUT_DTYPES
+
+    out = M * N * OUT_DTYPES[out_dtype].itemsize
+    have = available_bytes()
+    if have is not None and out + working_bytes > have:
+        raise OutputTooLarge(
+            f"out: the ({M}, {N}) {out_dtype} output needs {gib(out)} (plus {gib(working_bytes)} of working "
+            f"memory) and this machine has {gib(have)} available; cpemu refuses before allocating it")
