@@ -147,16 +147,23 @@ def test_gemm_through_twin(monkeypatch, model, fast):
     args = (a, b, fa, fb, plan, m, ep, np.float32(0.5), np.float32(3.0), None, "float32")
     want = ref.gemm_codes(*args, threads=1)
 
+    calls = []
+
     def twin_tfdpa(c, ao, bo, model_):
+        calls.append(1)
         return tw.step(c, ao.codes, bo.codes, fa, fb, model_)
 
     monkeypatch.setattr(ref, "tfdpa", twin_tfdpa)
-    monkeypatch.setattr(ref, "decode", lambda codes, fmt: _WithCodes(codes, fmt))
+    monkeypatch.setattr(ref, "Operand", _WithCodes)  # what reference.Codes decodes a K range into
     got = ref.gemm_codes(*args, threads=1)
+    assert len(calls) >= K // m.L, "the twin computed the steps"
     _assert_same(got, want, f"gemm {model} fast={fast}")
 
 
-class _WithCodes(ref.Operand):
+_BASE = ref.Operand
+
+
+class _WithCodes(_BASE):
     """A decoded operand that keeps its codes (the twin reads codes)."""
 
     __slots__ = ("codes",)
@@ -167,7 +174,7 @@ class _WithCodes(ref.Operand):
 
     def rows(self, sl):
         out = _WithCodes.__new__(_WithCodes)
-        for name in ref.Operand.__slots__:
+        for name in _BASE.__slots__:
             setattr(out, name, getattr(self, name)[sl] if name not in ("frac_bits", "has_special") else
                     getattr(self, name))
         out.codes = self.codes[sl]
