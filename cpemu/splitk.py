@@ -138,9 +138,10 @@ class SplitKRule:
         for ax, v in (("M", M), ("N", N), ("K", K)):
             lo, hi = dom.get(ax, (1, 1 << 62))
             if not lo <= v <= hi and not (ax in "NK" and (N, K) in extra):
-                raise UnsupportedShape(
-                    f"{ax}={v} is outside the range {lo}..{hi} for which this profile's split-K "
-                    f"choice was recorded; the GPU library's schedule there is unknown")
+                what = ("for which this profile's split-K choice was recorded" if self.kind == "rule" else
+                        "of this profile's stated domain (its schedule is assumed only there)")
+                raise UnsupportedShape(f"{ax}={v} is outside the range {lo}..{hi} {what}; "
+                                       f"the GPU library's schedule there is unknown")
         if self.kind == "none":
             return 1
         return splits_from_rule(self.params or {}, M, N, K, fast_accum, combo, self.base_dir)
