@@ -326,3 +326,108 @@ def test_record_writes_the_laws_into_a_profile(tmp_path):
     assert n == 56
     with pytest.raises(UnsupportedShape, match="not in the profile's recorded tables"):
         p.plan(3, 48, 9008, True)
+
+
+def _fake_fast_same(M, N, K, c):
+    """_fake, with fast accumulation changing nothing."""
+    return _fake(M, N, K, dict(c, fast_accum=True))
+
+
+def test_enumerator_fast_law(tmp_path):
+    """With the fast-accumulation law, pairs with M <= 32 ask only the fast-accumulation
+    combinations (every 8th pair in full, compared), copy them to the others, and the merged table
+    answers as the heuristic did; a difference at a checked pair is written as a violation, its
+    asked answers stand, and the law is not used again on that record."""
+    plan = _small_plan()
+    per_col = len(se.k_grid(plan))
+    n_fast = sum(c["fast_accum"] for c in plan["combos"])
+    partner = se.fast_partners(plan["combos"])
+    assert n_fast * 2 == len(plan["combos"]) and all(plan["combos"][partner[j]]["fast_accum"] for j in range(18))
+    rec = str(tmp_path / "rec")
+    se._start(rec, plan)
+    asked = []
+
+    def ask(M, N, K, c):
+        asked.append((M, N, c["fast_accum"]))
+        return _fake_fast_same(M, N, K, c)
+
+    pairs = se.open_pairs(plan)
+    assert sum(se.run_worker(rec, w, 2, ask, fast_law=True) for w in range(2)) == len(pairs)
+    want = 0
+    for M, N in pairs:
+        full = M > se.FAST_LAW_M_MAX or se._law_check_pair(M, N)
+        want += per_col * (len(plan["combos"]) if full else n_fast)
+    assert len(asked) == want < len(pairs) * per_col * len(plan["combos"])
+    st = se.status(rec)
+    assert st["fast_law"]["derived"] > 0 and st["fast_law"]["checked"] > 0 and not st["fast_law"]["violated"]
+    out = str(tmp_path / "t.npz")
+    se.merge(rec, out)
+    rule = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
+                      params={"bound": plan["bound"], "complete_file": "t.npz"}, base_dir=str(tmp_path))
+    for M, N in pairs[::5]:
+        for K in se.k_grid(plan)[::7]:
+            for c in plan["combos"]:
+                want = _fake_fast_same(M, N, K, c)
+                combo = (c["a_dtype"], c["b_dtype"], c["out_dtype"])
+                if want is not None:
+                    assert rule.splits(M, N, K, c["fast_accum"], combo) == want[4]
+
+    # the law broken at the first checked pair: recorded as a violation, the law dropped after it
+    rec2 = str(tmp_path / "rec2")
+    se._start(rec2, plan)
+    first_check = next(p for p in pairs if p[0] <= se.FAST_LAW_M_MAX and se._law_check_pair(*p))
+    asked.clear()
+    assert se.run_worker(rec2, 0, 1, ask=lambda M, N, K, c: _fake(M, N, K, c), fast_law=True) == len(pairs)
+    assert se.law_violated(rec2) and se.status(rec2)["fast_law"]["violated"]
+    _, done = se.read_part(os.path.join(rec2, "part-000-of-001.jsonl"))
+    keys = list(done)
+    after = keys[keys.index(first_check) + 1:]
+    lines = [json.loads(x) for x in open(os.path.join(rec2, "part-000-of-001.jsonl")) if '"M"' in x and '"runs"' in x]
+    assert not any(x.get("law") == "derived" for x in lines if (x["M"], x["N"]) in set(after))
+    se.merge(rec2, str(tmp_path / "t2.npz"))
+    rule2 = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
+                       params={"bound": plan["bound"], "complete_file": "t2.npz"}, base_dir=str(tmp_path))
+    M, N = first_check
+    for K in se.k_grid(plan):
+        for c in plan["combos"]:
+            want = _fake(M, N, K, c)
+            if want is not None:
+                assert rule2.splits(M, N, K, c["fast_accum"], (c["a_dtype"], c["b_dtype"], c["out_dtype"])) == want[4]
+
+
+def test_fast_law_holds_on_the_recorded_answers():
+    """The fast-accumulation law's evidence (splitk_enum.FAST_LAW_M_MAX): in the split region with
+    M <= 32, fast accumulation changes no recorded tensorwise answer (dense samples, with and without
+    bias, and the complete record),
+    and at M = 44 it does, so the law is not stretched."""
+    from cpemu.recording.splitk_rule import BOUND
+
+    shapes_checked, first_diff_m = 0, []
+    for name in ("gran", "large"):
+        z = np.load(os.path.join(DATA, "measured", f"{name}.npz"))
+        shapes, ids, combos = z["shapes"], z["ids"], json.loads(str(z["combos"]))
+        key = [(c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"], c.get("bias"), c.get("scale_mode"))
+               for c in combos]
+        region = np.array([split_bound(BOUND, int(M), int(N), int(K)) >= 2 for M, N, K in shapes])
+        diff = np.zeros(len(shapes), bool)
+        for j, k in enumerate(key):
+            other = k[:3] + (False,) + k[4:]
+            if k[3] and k[5] == "tensorwise" and other in key:  # rowwise never splits
+                diff |= ids[:, j] != ids[:, key.index(other)]
+        small = region & (shapes[:, 0] <= se.FAST_LAW_M_MAX)
+        assert not (diff & small).any(), name
+        shapes_checked += int(small.sum())
+        first_diff_m.append(int(shapes[diff & region, 0].min()))
+    assert shapes_checked == 48684 and min(first_diff_m) == 44
+    table = load_complete(PARAMS["complete_file"])
+    keys = list(table.combo)
+    pairs = 0
+    for p, key in enumerate(table.pairs):
+        if int(key) >> 20 > se.FAST_LAW_M_MAX:
+            continue
+        for k in keys:
+            if k.endswith(",promo"):
+                fast = table.configs[table.column(p, table.combo[k.replace(",promo", ",fast")])]
+                assert (table.configs[table.column(p, table.combo[k])] == fast).all(), (int(key) >> 20, k)
+        pairs += 1
+    assert pairs == len(table.pairs)

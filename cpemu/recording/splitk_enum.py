@@ -19,6 +19,14 @@ or another number of workers (pairs in any part file are skipped). One worker pe
 the H200 host one process answered about 3,000 queries/s and 16 processes on 16 cores 48,270/s.
 ``merge`` reads every part file and writes the shipped table
 (:mod:`cpemu.splitk_complete`).
+
+The fast-accumulation law (``run --fast-law``, the default of that command; measured on the H200,
+so :func:`run_parallel` and ``cpemu record`` leave it off unless asked): for M <= :data:`FAST_LAW_M_MAX` fast
+accumulation changed no answer of the split region in any measurement (see
+:data:`FAST_LAW_M_MAX`), so such a pair asks only the fast-accumulation combinations and copies
+their answers to the others; every :data:`FAST_LAW_CHECK_EVERY`-th such pair is still asked in
+full and compared. A difference is written as a ``violation`` line, the asked answers stand, and
+no worker uses the law again on that record.
 """
 
 from __future__ import annotations
@@ -37,7 +45,15 @@ from .splitk_query import CONFIG_FIELDS
 from .splitk_rule import BOUND
 from .splitk_table import combos
 
-__all__ = ["default_plan", "open_pairs", "pair_order", "k_grid", "plan_combos", "run_worker", "read_part", "merge", "status"]
+#: Fast accumulation changed no answer of the split region for M <= 32: 0 of 48,684 shapes
+#: (tests/data/h200-splitk/measured gran.npz and large.npz, every option combination compared) and
+#: 0 of 19,676,736 answer pairs of the complete record's first 579 pairs (M <= 19). The smallest M
+#: where it changed an answer is 44 (large.npz).
+FAST_LAW_M_MAX = 32
+#: of the pairs the law decides, every this many-th is asked in full and compared
+FAST_LAW_CHECK_EVERY = 8
+
+__all__ = ["FAST_LAW_M_MAX", "FAST_LAW_CHECK_EVERY", "default_plan", "open_pairs", "pair_order", "k_grid", "plan_combos", "run_worker", "read_part", "merge", "status"]
 
 
 
@@ -85,6 +101,8 @@ def read_part(path: str) -> tuple[dict, dict]:
             d = json.loads(line)
             if "cfg" in d:
                 configs[d["id"]] = tuple(d["cfg"])
+            elif "violation" in d:
+                continue
             else:
                 done[(d["M"], d["N"])] = d["runs"]
     return configs, done
@@ -110,12 +128,32 @@ def pair_order(plan: dict, first_n=()) -> list[tuple[int, int]]:
     return [p for p in pairs if p[1] in first] + [p for p in pairs if p[1] not in first]
 
 
+def fast_partners(combos: list[dict]) -> list[int]:
+    """For each combination, the index of the same one with fast accumulation (itself if it has it)."""
+    key = [(c["a_dtype"], c["b_dtype"], c["out_dtype"]) for c in combos]
+    fast = {k: i for i, (k, c) in enumerate(zip(key, combos)) if c["fast_accum"]}
+    return [fast.get(k, i) for i, k in enumerate(key)]
+
+
+def law_violated(rec: str) -> bool:
+    """Whether any part file of ``rec`` holds a violation of the fast-accumulation law."""
+    for path in _parts(rec):
+        with open(path) as f:
+            if any('"violation"' in line for line in f):
+                return True
+    return False
+
+
+def _law_check_pair(M: int, N: int) -> bool:
+    return (M + N // 16) % FAST_LAW_CHECK_EVERY == 0
+
+
 def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max_pairs: int | None = None,
-               first_n=()) -> int:
+               first_n=(), fast_law: bool = False) -> int:
     """Worker ``w`` of ``W``: ask ``ask(M, N, K, combo) -> FIELDS tuple | None`` for the pairs
     ``w, w + W, ...`` of :func:`pair_order` that no part file holds yet, appending each finished
     pair to its own file; stops at ``deadline`` (time.time()) or after ``max_pairs``. Returns the
-    pairs finished."""
+    pairs finished. ``fast_law``: use the fast-accumulation law (module docstring)."""
     with open(os.path.join(rec, "plan.json")) as f:
         plan = json.load(f)
     path = _part_path(rec, w, W)
@@ -126,25 +164,42 @@ def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max
             done.update(read_part(other)[1])
     ids = {c: i for i, c in configs.items()}
     ks = k_grid(plan)
+    partner = fast_partners(plan["combos"])
+    fast_law = fast_law and not law_violated(rec)
     n = 0
     with open(path, "a") as out:
+
+        def column(M, N, c):
+            col = []
+            for K in ks:
+                a = ask(M, N, K, c)
+                cfg = None if a is None else tuple(a[:len(CONFIG_FIELDS)])
+                if cfg is not None and cfg not in ids:
+                    ids[cfg] = len(ids)
+                    out.write(json.dumps({"id": ids[cfg], "cfg": list(cfg)}) + "\n")
+                col.append(-1 if cfg is None else ids[cfg])
+            return _runs(col)
+
         for M, N in pair_order(plan, first_n)[w::W]:
             if (M, N) in done:
                 continue
             if (deadline is not None and time.time() >= deadline) or (max_pairs is not None and n >= max_pairs):
                 break
-            runs = []
-            for c in plan["combos"]:
-                col = []
-                for K in ks:
-                    a = ask(M, N, K, c)
-                    cfg = None if a is None else tuple(a[:len(CONFIG_FIELDS)])
-                    if cfg is not None and cfg not in ids:
-                        ids[cfg] = len(ids)
-                        out.write(json.dumps({"id": ids[cfg], "cfg": list(cfg)}) + "\n")
-                    col.append(-1 if cfg is None else ids[cfg])
-                runs.append(_runs(col))
-            out.write(json.dumps({"M": M, "N": N, "runs": runs}, separators=(",", ":")) + "\n")
+            law = fast_law and M <= FAST_LAW_M_MAX
+            check = law and _law_check_pair(M, N)
+            runs = [column(M, N, c) if not law or check or partner[j] == j else None
+                    for j, c in enumerate(plan["combos"])]
+            line = {"M": M, "N": N}
+            if law:
+                derived = [j for j, r in enumerate(runs) if partner[j] != j and (check or r is None)]
+                bad = [j for j in derived if runs[j] is not None and runs[j] != runs[partner[j]]]
+                if bad:  # the asked answers stand; no worker uses the law on this record again
+                    out.write(json.dumps({"violation": {"M": M, "N": N, "combos": bad}}) + "\n")
+                    fast_law = False
+                runs = [runs[partner[j]] if r is None else r for j, r in enumerate(runs)]
+                line["law"] = "checked" if check else "derived"
+            line["runs"] = runs
+            out.write(json.dumps(line, separators=(",", ":")) + "\n")
             out.flush()
             n += 1
     return n
@@ -171,7 +226,19 @@ def status(rec: str) -> dict:
     done = len(set().union(*(read_part(p)[1] for p in _parts(rec))))
     per_pair = len(k_grid(plan)) * len(plan["combos"])
     return {"pairs_total": total, "pairs_done": done, "queries_per_pair": per_pair,
-            "queries_total": total * per_pair, "queries_done": done * per_pair}
+            "queries_total": total * per_pair, "answers_done": done * per_pair, "fast_law": _law_counts(rec)}
+
+
+def _law_counts(rec: str) -> dict:
+    """Pairs whose other combinations were copied (derived) or asked and compared (checked) under
+    the fast-accumulation law, and whether a violation was seen."""
+    law = {"derived": 0, "checked": 0}
+    for p in _parts(rec):
+        with open(p) as f:
+            for line in f:
+                for k in law:
+                    law[k] += f'"law":"{k}"' in line
+    return dict(law, violated=law_violated(rec))
 
 
 def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: bool = False) -> dict:
@@ -197,7 +264,8 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
         for mn, runs in done.items():
             pairs[mn] = {k: [to_global[v] if i % 2 else v for i, v in enumerate(r)] for k, r in zip(keys, runs)}
     meta = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
-            "fields": fields, "bound": plan["bound"], "n_max": plan["n_max"], "provenance": provenance or {}}
+            "fields": fields, "bound": plan["bound"], "n_max": plan["n_max"], "provenance": provenance or {},
+            "fast_law": dict(_law_counts(rec), m_max=FAST_LAW_M_MAX, check_every=FAST_LAW_CHECK_EVERY)}
     return write_table(out_path, meta, pairs, configs)
 
 
@@ -216,15 +284,15 @@ def _start(rec: str, plan: dict) -> None:
 
 
 def _gpu_worker(args):
-    rec, w, W, ws, deadline, first_n = args
+    rec, w, W, ws, deadline, first_n, fast_law = args
     from .splitk_query import Querier
 
     q = Querier(ws)
-    return run_worker(rec, w, W, q.ask, deadline, first_n=first_n)
+    return run_worker(rec, w, W, q.ask, deadline, first_n=first_n, fast_law=fast_law)
 
 
 def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_bytes: int | None = None, echo=print,
-                 first_n=()):
+                 first_n=(), fast_law: bool = False):
     """Start or continue the record with ``jobs`` processes for at most ``seconds``."""
     from .splitk_query import probe_workspace
 
@@ -238,7 +306,7 @@ def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_byte
     t0 = time.time()
     deadline = t0 + seconds
     with mp.get_context("spawn").Pool(jobs) as pool:
-        n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline, tuple(first_n))
+        n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline, tuple(first_n), fast_law)
                                        for w in range(jobs)]))
     st = status(rec)
     echo(f"[splitk-enum] {n} pairs in {time.time() - t0:.0f}s; {st['pairs_done']}/{st['pairs_total']} pairs done")
@@ -258,13 +326,16 @@ def cli():
 @click.option("--k-max", type=int, default=65536)
 @click.option("--k-step", type=int, default=16)
 @click.option("--first-n", default="", help="comma list of N whose pairs are asked first (e.g. model widths)")
-def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, first_n):
+@click.option("--fast-law/--no-fast-law", default=True, show_default=True,
+              help="M <= 32: ask fast accumulation only, copy it, check every 8th pair in full (a law measured "
+                   "on the H200; cpemu record on another GPU does not use it)")
+def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, first_n, fast_law):
     try:
         first = tuple(int(x) for x in first_n.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"must be a comma list of integers (got {first_n!r})", param_hint="--first-n")
     st = run_parallel(rec, default_plan(n_max, k_max, k_step), jobs, seconds, echo=lambda m: click.echo(m, err=True),
-                      first_n=first)
+                      first_n=first, fast_law=fast_law)
     click.echo(json.dumps(st))
 
 
