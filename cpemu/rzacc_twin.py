@@ -87,6 +87,9 @@ def step(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: FP8Format,
     g = e_max - F
     unit = np.exp2(g.astype(np.float64))
     base = 3 << 22  # B = 1.5 * 2**(g + 23) in units of 2**g
+    # the kernel truncates c as RZ(c + Cs) - Cs, Cs = +-2**(g + 23) of c's sign: exact (one binade, ulp 2**g)
+    # because |c| < 2**(e_max + 1) <= 2**(g + 23)
+    assert (np.abs(c_ok.astype(np.float64)) < np.exp2((g + 23).astype(np.float64))).all(), "c's truncation is exact"
     X = base + np.trunc(c_ok.astype(np.float64) / unit).astype(np.int64)
     assert ((X >= 1 << 23) & (X < 1 << 24)).all(), "X + trunc(c) in the binade"
     T = count_threshold(g, fa, fb)
@@ -104,7 +107,9 @@ def step(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: FP8Format,
         assert (flag.astype(bool) == want).all(), "the count flags the negative products that lose bits"
         assert (lossy & (p < 0) == want).all(), "losing bits is lambda_a + lambda_b < g"
         cnt += flag
-    S = X + cnt - base
+    X = X + cnt  # added to X's bit pattern: one ulp (2**g) each, inside the binade, so X - B is exact
+    assert ((X >= 1 << 23) & (X < 1 << 24)).all(), "X plus the count stays in its binade"
+    S = X - base
     out = (S.astype(np.float64) * unit).astype(np.float32)  # exact: |S| < 2**22
     bits = out.view(np.uint32) & np.uint32((0xFFFFFFFF << (23 - R)) & 0xFFFFFFFF)
     out = bits.view(np.float32) + np.float32(0.0)
