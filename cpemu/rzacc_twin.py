@@ -1,6 +1,6 @@
 """The arithmetic of ``cuda-rzacc``'s T-FDPA step in numpy, with its claims asserted.
 
-``cuda_src/cpemu_tiled.cuh`` built with ``CPT_RZACC=1`` (``cpt_sum_rzacc``) computes a step of
+``cuda_src/cpemu_tiled.cuh`` built with ``CPT_RZACC=1`` (``cpt_sum_rzacc`` in ``cpemu_tiled_pass2.cuh``) computes a step of
 :func:`cpemu.reference.tfdpa` for F <= 14 without shifting any product:
 
 1. ``g = e_max - F`` is the step's truncation grid (e_max as the reference finds it, with a

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "b25a88d71341d3ac1b0b998bbbbf61ccc1ed19b1c3c84e05596ab4d995a5e43c"
+MANIFEST_SHA256 = "b5f6d7b7a4dd8b9af3f18923e4208201a146e5c266fd3ac54737fece17b42b4a"

@@ -1,0 +1,148 @@
+// cpemu: pass 1 of a T-FDPA step of the tiled kernels (e_max over the step's products and c), the
+// NaN/Inf classes and the shared-memory word loads; included by cpemu_tiled.cuh, which defines the
+// geometry, the stage layout and the kernel body (see its file comment).
+#pragma once
+
+// ------------------------------------------------------------------------ one step
+
+// Exponent of the accumulator c for e_max: reference._split_fp32's for normal and subnormal
+// (-126) c. Zero c gets -126 instead of e_zero: this changes e_max only when every product
+// is zero too, and then the step's result is +0 either way. A non-finite c (its output is
+// decided by cpt_specials) gets 128.
+__device__ __forceinline__ int cpt_c_exp(float c) {
+    return (int)max((__float_as_uint(c) >> 23) & 0xFFu, 1u) - 127;
+}
+
+// reference._specials (cpemu_fp8_specials) out of line: the step calls it only for the outputs
+// whose codes or accumulator hold a NaN or Inf.
+__device__ __noinline__ int cpt_specials(float c, const cpt_u8* __restrict__ arow, const cpt_u8* __restrict__ brow,
+                                         int k0, int k1, int a_fmt, int b_fmt) {
+    int nan, pos, neg;
+    cpemu_fp8_specials(c, arow, brow, k0, k1, a_fmt, b_fmt, &nan, &pos, &neg);
+    return nan ? 3 : neg ? 2 : pos ? 1 : 0;  // the class: 0 the step's value stands, 1 +inf, 2 -inf, 3 NaN
+}
+
+// n consecutive 32-bit words w[r0..] (vector loads of 4, or of 2 when n is not a multiple of 4).
+template <int n>
+__device__ __forceinline__ void cpt_load_words(const cpt_u32* w, cpt_u32 (&x)[n]) {
+    static_assert(n % 2 == 0, "vector loads of 2 or 4 words");
+    if (n % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < n; i += 4) {
+            const uint4 v = *(const uint4*)&w[i];
+            x[i] = v.x, x[i + 1] = v.y, x[i + 2] = v.z, x[i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < n; i += 2) {
+            const uint2 v = *(const uint2*)&w[i];
+            x[i] = v.x, x[i + 1] = v.y;
+        }
+    }
+}
+
+// a * b + c on two bf16 lanes, rounded to nearest (PTX fma.rn.bf16x2, sm_80 and newer)
+__device__ __forceinline__ cpt_u32 cpt_bf16x2_fma(cpt_u32 a, cpt_u32 b, cpt_u32 c) {
+    cpt_u32 r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// Pass 1 for e4m3 x e4m3, on the FP pipe (the integer pipe is the busy one): e_max of the
+// products is read off X = sum over the step's products of 2**(8 (E - 2)) = 2**(8 (e_a - 1)) *
+// 2**(8 (e_b - 1)), summed in bf16 (two lanes: even and odd k). Every term is an exact power of
+// two; with at most 16 positive terms per lane, each <= 2**(8 (E_max - 2)), and round-to-nearest
+// additions (monotonic, relative error <= 2**-8 each), a lane's X lies in
+// [2**(8 (E_max - 2)), 2**(8 (E_max - 2) + 4.1)), so floor(log2 X) / 8 rounded down is
+// E_max - 2 exactly (8 > 4.1). e4m3 products have E in [-12, 16]: every X stays a normal bf16
+// (2**-112 to 2**117). Zero, NaN and Inf codes contribute 0.
+__device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx, int klen,
+                                              const float (&acc)[CPT_TM][CPT_TN], int (&em)[CPT_TM][CPT_TN]) {
+    cpt_u32 X[CPT_TM][CPT_TN];
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) X[i][j] = 0u;
+CPT_UNROLL(CPT_EMAX_UNROLL)
+    for (int q = 0; q < klen / 2; ++q) {
+        cpt_u32 xa[CPT_TM], xb[CPT_TN];
+        cpt_load_words(&sh.a.x2[q][ty * CPT_TM], xa);
+        cpt_load_words(&sh.b.x2[q][tx * CPT_TN], xb);
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) X[i][j] = cpt_bf16x2_fma(xa[i], xb[j], X[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            // the larger lane (positive bf16 bits order like their values); 0: every product is zero
+            const cpt_u32 mx = max(X[i][j] & 0xFFFFu, X[i][j] >> 16);
+            // floor((be - 127) / 8) + 2 for the biased exponent be = mx >> 7 (>= 15)
+            const int e = mx ? (int)(((mx >> 7) + 1u) >> 3) - 14 : CPT_SENT;
+            em[i][j] = max(cpt_c_exp(acc[i][j]), e);
+        }
+}
+
+// Pass 1: em[i][j] = max(e_max of the products, exponent of c) for the thread's outputs.
+__device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int klen, const float (&acc)[CPT_TM][CPT_TN],
+                                         int (&em)[CPT_TM][CPT_TN]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+    // Lanes: m0[p][q] = (out(2p, 2q), out(2p+1, 2q+1)), m1[p][q] = (out(2p, 2q+1), out(2p+1, 2q)).
+    cpt_u32 m0[CPT_TM / 2][CPT_TN / 2], m1[CPT_TM / 2][CPT_TN / 2];
+#pragma unroll
+    for (int p = 0; p < CPT_TM / 2; ++p)
+#pragma unroll
+        for (int q = 0; q < CPT_TN / 2; ++q) {
+            m0[p][q] = ((cpt_u32)cpt_c_exp(acc[2 * p][2 * q]) & 0xFFFFu) |
+                       ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q + 1]) << 16);
+            m1[p][q] = ((cpt_u32)cpt_c_exp(acc[2 * p][2 * q + 1]) & 0xFFFFu) |
+                       ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q]) << 16);
+        }
+#pragma unroll 1
+    for (int kk = 0; kk < klen; ++kk) {
+        cpt_u32 a2[CPT_TM / 2], b2[CPT_TN / 2], bs[CPT_TN / 2];
+#pragma unroll
+        for (int p = 0; p < CPT_TM / 2; ++p) a2[p] = *(const cpt_u32*)&sh.a.e[kk][ty * CPT_TM + 2 * p];
+#pragma unroll
+        for (int q = 0; q < CPT_TN / 2; ++q) {
+            b2[q] = *(const cpt_u32*)&sh.b.e[kk][tx * CPT_TN + 2 * q];
+            bs[q] = __byte_perm(b2[q], 0u, 0x1032);  // swap the halves
+        }
+#pragma unroll
+        for (int p = 0; p < CPT_TM / 2; ++p)
+#pragma unroll
+            for (int q = 0; q < CPT_TN / 2; ++q) {
+                m0[p][q] = __viaddmax_s16x2(a2[p], b2[q], m0[p][q]);
+                m1[p][q] = __viaddmax_s16x2(a2[p], bs[q], m1[p][q]);
+            }
+    }
+#pragma unroll
+    for (int p = 0; p < CPT_TM / 2; ++p)
+#pragma unroll
+        for (int q = 0; q < CPT_TN / 2; ++q) {
+            em[2 * p][2 * q] = (int)(short)(m0[p][q] & 0xFFFFu);
+            em[2 * p + 1][2 * q + 1] = (int)m0[p][q] >> 16;
+            em[2 * p][2 * q + 1] = (int)(short)(m1[p][q] & 0xFFFFu);
+            em[2 * p + 1][2 * q] = (int)m1[p][q] >> 16;
+        }
+#else
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) em[i][j] = cpt_c_exp(acc[i][j]);
+#pragma unroll 1
+    for (int kk = 0; kk < klen; ++kk) {
+        int ea[CPT_TM], eb[CPT_TN];
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i) ea[i] = sh.a.e[kk][ty * CPT_TM + i];
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) eb[j] = sh.b.e[kk][tx * CPT_TN + j];
+#pragma unroll
+        for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < CPT_TN; ++j) em[i][j] = max(em[i][j], ea[i] + eb[j]);
+    }
+#endif
+}
