@@ -65,10 +65,9 @@ KERNELS = {
     "cuda-rzacc": ("gemm_rzacc", "cpemu_gemm_rzacc"),
 }
 #: kernel family -> every module it needs
-MODULES = {"cuda-simple": ("gemm_simple",), "cuda-tiled": ("gemm_tiled", "gemm_tiled_small_m"),
-           "cuda-rzacc": ("gemm_rzacc", "gemm_rzacc_small_m")}
 #: the families built on the tiled body (cpemu_tiled.cuh): family -> (large, small-M) geometry
 TILED_FAMILIES = {"cuda-tiled": ("gemm_tiled", "gemm_tiled_small_m"), "cuda-rzacc": ("gemm_rzacc", "gemm_rzacc_small_m")}
+MODULES = {"cuda-simple": ("gemm_simple",), **TILED_FAMILIES}
 FAMILIES = tuple(KERNELS)
 #: the tensor-core backend (cpemu/cuda/tensorcore.py): same call, device-dependent bits
 TENSOR_CORE = _TENSOR_CORE
@@ -403,9 +402,14 @@ def limits(call, kernel_family: str | None = None) -> str | None:
                 call.out_dtype, call.epilogue.nan_bits)
     except (ValueError, TypeError) as e:
         return str(e)
-    if kernel_family == "cuda-rzacc" and call.model.F > RZACC_MAX_F:
+    return _family_limit(kernel_family, call.model)
+
+
+def _family_limit(kernel_family: str | None, model) -> str | None:
+    """Why ``kernel_family`` cannot compute ``model`` (beyond the checks every exact kernel shares), or None."""
+    if kernel_family == "cuda-rzacc" and model.F > RZACC_MAX_F:
         return (f"cuda-rzacc computes instruction models with F <= {RZACC_MAX_F} (Ada, Hopper); "
-                f"{call.model.name} has F = {call.model.F}")
+                f"{model.name} has F = {model.F}")
     return None
 
 
@@ -446,8 +450,9 @@ def launch(kernel_family: str, call: Call, ops: Operands, *, defines: tuple = ()
         fn(grid, (threads, 1, 1), tuple(args))
         return out
     ws = cupy.empty(2 * M * N if promotion > 0 or len(slices) > 1 else 1, dtype=cupy.float32)
-    if kernel_family == "cuda-rzacc" and model.F > RZACC_MAX_F:
-        _fail("model", f"cuda-rzacc computes F <= {RZACC_MAX_F} only", f"F = {model.F}")
+    why = _family_limit(kernel_family, model)
+    if why:
+        raise ValueError(f"model: {why}")
     module = tiled_module_for(M, N, _sm_count(a.data.device_id), kernel_family) if tiled_module is None \
         else tiled_module
     fn = get_kernel(kernel_family, tuple(defines), module)
