@@ -431,3 +431,104 @@ def test_fast_law_holds_on_the_recorded_answers():
                 assert (table.configs[table.column(p, table.combo[k])] == fast).all(), (int(key) >> 20, k)
         pairs += 1
     assert pairs == len(table.pairs)
+
+
+def _fake_k_law(M, N, K, c):
+    """_fake, depending on K only through the K law's block and alignment class."""
+    return _fake(M, N, 256 * (-(-K // 128)) + min(K & -K, 64), c)
+
+
+def test_k_law_rep():
+    """The representative shares the 128-wide block and the alignment class, and is the smallest such K."""
+    for K in range(16, 4096 + 1, 16):
+        r = se.k_law_rep(K)
+        assert -(-r // 128) == -(-K // 128) and min(r & -r, 64) == min(K & -K, 64) and r <= K
+        assert all(-(-k // 128) != -(-K // 128) or min(k & -k, 64) != min(K & -K, 64) for k in range(16, r, 16))
+    assert [se.k_law_rep(K) for K in range(5136, 5264 + 1, 16)] == [5136, 5152, 5136, 5184, 5136, 5152, 5136, 5184, 5264]
+
+
+def test_enumerator_k_law(tmp_path):
+    """With the K law, a pair asks 3 of every 8 K per combination (every 16th pair all of them,
+    compared) and the merged table answers as the heuristic did; an answer that breaks the law at a
+    checked pair is written as a violation (law "k"), its full columns stand, and the law is not
+    used again on that record, while the fast-accumulation law is unaffected."""
+    plan = _small_plan()
+    ks = se.k_grid(plan)
+    reps = len(set(se.k_law_rep(K) for K in ks))
+    assert reps * 8 == len(ks) * 3
+    rec = str(tmp_path / "rec")
+    se._start(rec, plan)
+    asked = []
+
+    def ask(M, N, K, c):
+        asked.append((M, N))
+        return _fake_k_law(M, N, K, c)
+
+    pairs = se.open_pairs(plan)
+    assert sum(se.run_worker(rec, w, 2, ask, k_law=True) for w in range(2)) == len(pairs)
+    n_check = sum(se._k_law_check_pair(*p) for p in pairs)
+    assert 0 < n_check < len(pairs)
+    assert len(asked) == (n_check * len(ks) + (len(pairs) - n_check) * reps) * len(plan["combos"])
+    st = se.status(rec)
+    assert st["k_law"] == {"derived": len(pairs) - n_check, "checked": n_check, "violated": False}
+    assert st["fast_law"] == {"derived": 0, "checked": 0, "violated": False}
+    se.merge(rec, str(tmp_path / "t.npz"))
+    rule = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
+                      params={"bound": plan["bound"], "complete_file": "t.npz"}, base_dir=str(tmp_path))
+    for M, N in pairs[::5]:
+        for K in ks:
+            for c in plan["combos"][::4]:
+                want = _fake_k_law(M, N, K, c)
+                if want is not None:
+                    assert rule.splits(M, N, K, c["fast_accum"], (c["a_dtype"], c["b_dtype"], c["out_dtype"])) == want[4]
+
+    rec2 = str(tmp_path / "rec2")
+    se._start(rec2, plan)
+    first_check = next(p for p in pairs if se._k_law_check_pair(*p))
+    assert se.run_worker(rec2, 0, 1, ask=_fake_fast_same, k_law=True, fast_law=True) == len(pairs)
+    assert se.law_violated(rec2, "k") and not se.law_violated(rec2, "fast")
+    lines = [json.loads(x) for x in open(os.path.join(rec2, "part-000-of-001.jsonl"))]
+    viol = [x["violation"] for x in lines if "violation" in x]
+    assert len(viol) == 1 and (viol[0]["M"], viol[0]["N"]) == first_check and viol[0]["law"] == "k"
+    done = [x for x in lines if "runs" in x]
+    i = [(x["M"], x["N"]) for x in done].index(first_check)
+    assert all("k_law" not in x for x in done[i + 1:]) and any(x.get("law") == "derived" for x in done[i + 1:])
+    se.merge(rec2, str(tmp_path / "t2.npz"))
+    rule2 = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
+                       params={"bound": plan["bound"], "complete_file": "t2.npz"}, base_dir=str(tmp_path))
+    M, N = first_check
+    for K in ks:
+        for c in plan["combos"]:
+            want = _fake_fast_same(M, N, K, c)
+            if want is not None:
+                assert rule2.splits(M, N, K, c["fast_accum"], (c["a_dtype"], c["b_dtype"], c["out_dtype"])) == want[4]
+
+
+def test_k_law_holds_on_the_recorded_answers():
+    """The K law's evidence (splitk_enum.K_LAW_BLOCK): every group of measured shapes with the same
+    M, N, 128-wide K block and alignment class has one answer per combination (dense samples, every
+    combination, and the complete record); a 256-wide block or alignment classes up to 32 break it."""
+    def groups(shapes, block, cap):
+        g = {}
+        for i, (M, N, K) in enumerate(shapes.tolist()):
+            g.setdefault((M, N, -(-K // block), min(K & -K, cap)), []).append(i)
+        return [v for v in g.values() if len(v) > 1]
+
+    z = np.load(os.path.join(DATA, "measured", "gran.npz"))
+    shapes, ids = z["shapes"], z["ids"]
+    law = groups(shapes, se.K_LAW_BLOCK, se.K_LAW_ALIGN_CAP)
+    assert len(law) == 37584 and sum(map(len, law)) == len(shapes) == 100224
+    assert all((ids[v] == ids[v[0]]).all() for v in law)
+    for block, cap in ((256, 64), (128, 32)):
+        assert sum((ids[v] != ids[v[0]]).any() for v in groups(shapes, block, cap)) > 100
+    table = load_complete(PARAMS["complete_file"])
+    ks = table.meta["k0"] + table.meta["k_step"] * np.arange(table.meta["nk"])
+    rep = np.searchsorted(ks, [se.k_law_rep(int(K)) for K in ks])
+    assert (ks[rep] == [se.k_law_rep(int(K)) for K in ks]).all() and len(set(rep.tolist())) == 1416
+    cols = 0
+    for p in range(len(table.pairs)):
+        for j in table.combo.values():
+            col = table.column(p, j)
+            assert (col == col[rep]).all(), (int(table.pairs[p]) >> 20, int(table.pairs[p]) & 0xFFFFF, j)
+            cols += 1
+    assert cols == 579 * 18

@@ -27,6 +27,12 @@ accumulation changed no answer of the split region in any measurement (see
 their answers to the others; every :data:`FAST_LAW_CHECK_EVERY`-th such pair is still asked in
 full and compared. A difference is written as a ``violation`` line, the asked answers stand, and
 no worker uses the law again on that record.
+
+The K law (``run --k-law``, also that command's default, and also measured on the H200): the
+answer depends on K only through ``ceil(K / 128)`` and K's alignment ``min(K & -K, 64)``, so of
+the eight K of a 128-wide block only three are asked (:func:`k_law_rep`) and copied to the others;
+every :data:`K_LAW_CHECK_EVERY`-th pair is asked at every K and compared, with its own
+``violation`` lines (``"law": "k"``).
 """
 
 from __future__ import annotations
@@ -53,7 +59,19 @@ FAST_LAW_M_MAX = 32
 #: of the pairs the law decides, every this many-th is asked in full and compared
 FAST_LAW_CHECK_EVERY = 8
 
-__all__ = ["FAST_LAW_M_MAX", "FAST_LAW_CHECK_EVERY", "default_plan", "open_pairs", "pair_order", "k_grid", "plan_combos", "run_worker", "read_part", "merge", "status"]
+#: The K law: the answer is the same for every K of one 128-wide block (``ceil(K / 128)``) with the
+#: same alignment ``min(K & -K, 64)``: 16, 32, or 64 and more. No answer broke it in the measured
+#: dense samples (tests/data/h200-splitk/measured gran.npz: 100,224 shapes, M <= 2030, N <= 12560,
+#: K 2576..16384, 30 option combinations with bias and rowwise, in 37,584 groups) or in the complete
+#: record's first 579 pairs (10,422 columns of 3,776 K, 1,416 groups each); with a coarser block
+#: (256) or without the 64 class, 189 and 535 groups of those samples differ.
+K_LAW_BLOCK = 128
+K_LAW_ALIGN_CAP = 64
+#: of the pairs the K law decides, every this many-th is asked at every K and compared
+K_LAW_CHECK_EVERY = 16
+
+__all__ = ["FAST_LAW_M_MAX", "FAST_LAW_CHECK_EVERY", "K_LAW_BLOCK", "K_LAW_ALIGN_CAP", "K_LAW_CHECK_EVERY", "k_law_rep",
+           "default_plan", "open_pairs", "pair_order", "k_grid", "plan_combos", "run_worker", "read_part", "merge", "status"]
 
 
 
@@ -135,12 +153,20 @@ def fast_partners(combos: list[dict]) -> list[int]:
     return [fast.get(k, i) for i, k in enumerate(key)]
 
 
-def law_violated(rec: str) -> bool:
-    """Whether any part file of ``rec`` holds a violation of the fast-accumulation law."""
+def k_law_rep(K: int) -> int:
+    """The K whose answer the K law gives to ``K``: the same 128-wide block, the same alignment class."""
+    return (K - 1) // K_LAW_BLOCK * K_LAW_BLOCK + min(K & -K, K_LAW_ALIGN_CAP)
+
+
+def law_violated(rec: str, law: str = "fast") -> bool:
+    """Whether any part file of ``rec`` holds a violation of ``law`` ("fast" or "k"; a violation
+    line without a ``law`` field is the fast-accumulation law's)."""
     for path in _parts(rec):
         with open(path) as f:
-            if any('"violation"' in line for line in f):
-                return True
+            for line in f:
+                if '"violation"' in line and line.endswith("\n"):
+                    if json.loads(line)["violation"].get("law", "fast") == law:
+                        return True
     return False
 
 
@@ -148,8 +174,12 @@ def _law_check_pair(M: int, N: int) -> bool:
     return (M + N // 16) % FAST_LAW_CHECK_EVERY == 0
 
 
+def _k_law_check_pair(M: int, N: int) -> bool:
+    return (3 * M + N // 16) % K_LAW_CHECK_EVERY == 5
+
+
 def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max_pairs: int | None = None,
-               first_n=(), fast_law: bool = False) -> int:
+               first_n=(), fast_law: bool = False, k_law: bool = False) -> int:
     """Worker ``w`` of ``W``: ask ``ask(M, N, K, combo) -> FIELDS tuple | None`` for the pairs
     ``w, w + W, ...`` of :func:`pair_order` that no part file holds yet, appending each finished
     pair to its own file; stops at ``deadline`` (time.time()) or after ``max_pairs``. Returns the
@@ -165,20 +195,32 @@ def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max
     ids = {c: i for i, c in configs.items()}
     ks = k_grid(plan)
     partner = fast_partners(plan["combos"])
-    fast_law = fast_law and not law_violated(rec)
+    fast_law = fast_law and not law_violated(rec, "fast")
+    k_law = k_law and not law_violated(rec, "k")
+    reps = [k_law_rep(K) for K in ks]
     n = 0
     with open(path, "a") as out:
 
-        def column(M, N, c):
-            col = []
-            for K in ks:
-                a = ask(M, N, K, c)
-                cfg = None if a is None else tuple(a[:len(CONFIG_FIELDS)])
-                if cfg is not None and cfg not in ids:
-                    ids[cfg] = len(ids)
-                    out.write(json.dumps({"id": ids[cfg], "cfg": list(cfg)}) + "\n")
-                col.append(-1 if cfg is None else ids[cfg])
-            return _runs(col)
+        def answer(M, N, K, c):
+            a = ask(M, N, K, c)
+            cfg = None if a is None else tuple(a[:len(CONFIG_FIELDS)])
+            if cfg is not None and cfg not in ids:
+                ids[cfg] = len(ids)
+                out.write(json.dumps({"id": ids[cfg], "cfg": list(cfg)}) + "\n")
+            return -1 if cfg is None else ids[cfg]
+
+        def column(M, N, c, law, check, bad):
+            """The runs of one combination; under the K law only the block representatives are
+            asked (all K when ``check``: then a difference from the law is appended to ``bad``)."""
+            if not law or check:
+                col = [answer(M, N, K, c) for K in ks]
+                if law:
+                    got = dict(zip(ks, col))
+                    if any(got.get(r, col[i]) != col[i] for i, r in enumerate(reps)):
+                        bad.append(c)
+                return _runs(col)
+            got = {r: answer(M, N, r, c) for r in dict.fromkeys(reps)}
+            return _runs([got[r] for r in reps])
 
         for M, N in pair_order(plan, first_n)[w::W]:
             if (M, N) in done:
@@ -187,9 +229,17 @@ def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max
                 break
             law = fast_law and M <= FAST_LAW_M_MAX
             check = law and _law_check_pair(M, N)
-            runs = [column(M, N, c) if not law or check or partner[j] == j else None
+            k_check = k_law and _k_law_check_pair(M, N)
+            k_bad = []
+            runs = [column(M, N, c, k_law, k_check, k_bad) if not law or check or partner[j] == j else None
                     for j, c in enumerate(plan["combos"])]
             line = {"M": M, "N": N}
+            if k_law:
+                if k_bad:  # the full columns stand; no worker uses the K law on this record again
+                    bad = [plan["combos"].index(c) for c in k_bad]
+                    out.write(json.dumps({"violation": {"M": M, "N": N, "law": "k", "combos": bad}}) + "\n")
+                    k_law = False
+                line["k_law"] = "checked" if k_check else "derived"
             if law:
                 derived = [j for j, r in enumerate(runs) if partner[j] != j and (check or r is None)]
                 bad = [j for j in derived if runs[j] is not None and runs[j] != runs[partner[j]]]
@@ -226,19 +276,21 @@ def status(rec: str) -> dict:
     done = len(set().union(*(read_part(p)[1] for p in _parts(rec))))
     per_pair = len(k_grid(plan)) * len(plan["combos"])
     return {"pairs_total": total, "pairs_done": done, "queries_per_pair": per_pair,
-            "queries_total": total * per_pair, "answers_done": done * per_pair, "fast_law": _law_counts(rec)}
+            "queries_total": total * per_pair, "answers_done": done * per_pair, "fast_law": _law_counts(rec),
+            "k_law": _law_counts(rec, "k")}
 
 
-def _law_counts(rec: str) -> dict:
-    """Pairs whose other combinations were copied (derived) or asked and compared (checked) under
-    the fast-accumulation law, and whether a violation was seen."""
-    law = {"derived": 0, "checked": 0}
+def _law_counts(rec: str, law: str = "fast") -> dict:
+    """Pairs whose answers were copied (derived) or asked and compared (checked) under ``law``
+    (the fast-accumulation law or the K law), and whether a violation was seen."""
+    field = "law" if law == "fast" else "k_law"
+    counts = {"derived": 0, "checked": 0}
     for p in _parts(rec):
         with open(p) as f:
             for line in f:
-                for k in law:
-                    law[k] += f'"law":"{k}"' in line
-    return dict(law, violated=law_violated(rec))
+                for k in counts:
+                    counts[k] += f'"{field}":"{k}"' in line
+    return dict(counts, violated=law_violated(rec, law))
 
 
 def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: bool = False) -> dict:
@@ -265,7 +317,9 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
             pairs[mn] = {k: [to_global[v] if i % 2 else v for i, v in enumerate(r)] for k, r in zip(keys, runs)}
     meta = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
             "fields": fields, "bound": plan["bound"], "n_max": plan["n_max"], "provenance": provenance or {},
-            "fast_law": dict(_law_counts(rec), m_max=FAST_LAW_M_MAX, check_every=FAST_LAW_CHECK_EVERY)}
+            "fast_law": dict(_law_counts(rec), m_max=FAST_LAW_M_MAX, check_every=FAST_LAW_CHECK_EVERY),
+            "k_law": dict(_law_counts(rec, "k"), block=K_LAW_BLOCK, align_cap=K_LAW_ALIGN_CAP,
+                          check_every=K_LAW_CHECK_EVERY)}
     return write_table(out_path, meta, pairs, configs)
 
 
@@ -284,15 +338,15 @@ def _start(rec: str, plan: dict) -> None:
 
 
 def _gpu_worker(args):
-    rec, w, W, ws, deadline, first_n, fast_law = args
+    rec, w, W, ws, deadline, first_n, fast_law, k_law = args
     from .splitk_query import Querier
 
     q = Querier(ws)
-    return run_worker(rec, w, W, q.ask, deadline, first_n=first_n, fast_law=fast_law)
+    return run_worker(rec, w, W, q.ask, deadline, first_n=first_n, fast_law=fast_law, k_law=k_law)
 
 
 def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_bytes: int | None = None, echo=print,
-                 first_n=(), fast_law: bool = False):
+                 first_n=(), fast_law: bool = False, k_law: bool = False):
     """Start or continue the record with ``jobs`` processes for at most ``seconds``."""
     from .splitk_query import probe_workspace
 
@@ -306,7 +360,7 @@ def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_byte
     t0 = time.time()
     deadline = t0 + seconds
     with mp.get_context("spawn").Pool(jobs) as pool:
-        n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline, tuple(first_n), fast_law)
+        n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline, tuple(first_n), fast_law, k_law)
                                        for w in range(jobs)]))
     st = status(rec)
     echo(f"[splitk-enum] {n} pairs in {time.time() - t0:.0f}s; {st['pairs_done']}/{st['pairs_total']} pairs done")
@@ -329,13 +383,16 @@ def cli():
 @click.option("--fast-law/--no-fast-law", default=True, show_default=True,
               help="M <= 32: ask fast accumulation only, copy it, check every 8th pair in full (a law measured "
                    "on the H200; cpemu record on another GPU does not use it)")
-def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, first_n, fast_law):
+@click.option("--k-law/--no-k-law", default=True, show_default=True,
+              help="ask 3 of the 8 K of each 128-wide block (one per alignment class 16, 32, 64+), copy them, "
+                   "check every 16th pair at every K (a law measured on the H200)")
+def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, first_n, fast_law, k_law):
     try:
         first = tuple(int(x) for x in first_n.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"must be a comma list of integers (got {first_n!r})", param_hint="--first-n")
     st = run_parallel(rec, default_plan(n_max, k_max, k_step), jobs, seconds, echo=lambda m: click.echo(m, err=True),
-                      first_n=first, fast_law=fast_law)
+                      first_n=first, fast_law=fast_law, k_law=k_law)
     click.echo(json.dumps(st))
 
 
