@@ -16,7 +16,9 @@ for every combination.
 (configurations first seen get their own line). Running again continues where each worker
 stopped (a line cut off by an interruption is dropped and its pair asked again), with the same
 or another number of workers (pairs in any part file are skipped). One worker per CPU core: on
-the H200 host one process answered about 3,000 queries/s and 16 processes on 16 cores 48,270/s.
+the H200 host one process answered about 3,000 queries/s and 16 processes on 16 cores 48,270/s
+(with :class:`.splitk_query.Querier`; the workers now ask through its lean form, which checks itself
+against it).
 ``merge`` reads every part file and writes the shipped table
 (:mod:`cpemu.splitk_complete`).
 
@@ -339,9 +341,9 @@ def _start(rec: str, plan: dict) -> None:
 
 def _gpu_worker(args):
     rec, w, W, ws, deadline, first_n, fast_law, k_law = args
-    from .splitk_query import Querier
+    from .splitk_query import LeanQuerier
 
-    q = Querier(ws)
+    q = LeanQuerier(ws)
     return run_worker(rec, w, W, q.ask, deadline, first_n=first_n, fast_law=fast_law, k_law=k_law)
 
 
