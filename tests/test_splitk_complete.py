@@ -2,7 +2,7 @@
 the enumerator's resume and merge logic.
 
 tests/data/h200-splitk/measured/*.npz are cuBLASLt's answers on the H200
-(cpemu.recording.splitk_measure; see the README there); tests/data/h200-splitk/complete/rec.tgz
+(cpemu.recording.splitk_measure; see the README there); tests/data/h200-splitk/complete/rec.txz
 is the start of the complete record (cpemu.recording.splitk_enum part files), the source of the
 shipped complete table.
 """
@@ -102,14 +102,33 @@ def test_profile_on_dense_samples(path):
 @pytest.fixture(scope="module")
 def record(tmp_path_factory):
     d = tmp_path_factory.mktemp("rec")
-    with tarfile.open(os.path.join(DATA, "complete", "rec.tgz")) as t:
+    with tarfile.open(os.path.join(DATA, "complete", "rec.txz")) as t:
         t.extractall(d, filter="data")
     return str(d / "rec")
 
 
+#: the pairs of the complete record (tests/data/h200-splitk/complete/README.md)
+RECORD_PAIRS = 4396
+
+
+def _asked_in_full(record, field):
+    """The pairs of the record whose answers were all asked under a law's field ("law": the fast
+    accumulation law, "k_law": the K law): the law was off or the pair was a checked one."""
+    out = set()
+    for path in sorted(os.listdir(record)):
+        if path.startswith("part-"):
+            for line in open(os.path.join(record, path)):
+                if line.startswith('{"M"'):
+                    head = line[:line.index(',"runs"')] + "}"
+                    if f'"{field}":"derived"' not in head:
+                        d = json.loads(head)
+                        out.add((d["M"], d["N"]))
+    return out
+
+
 def test_complete_table_is_the_record(record):
     """Every (M, N, K, combination) of the record decodes from the shipped table to the recorded
-    configuration; the record holds 579 pairs of 67,968 answers."""
+    configuration; the record holds RECORD_PAIRS pairs of 67,968 answers."""
     plan = json.load(open(os.path.join(record, "plan.json")))
     assert plan == se.default_plan()
     table = load_complete(PARAMS["complete_file"])
@@ -131,7 +150,7 @@ def test_complete_table_is_the_record(record):
                 assert want is not None and got.shape == (nk, len(table.meta["fields"]))
                 assert (got == want).all(), (M, N, key)
             pairs += 1
-    assert pairs == len(table.pairs) == 579
+    assert pairs == len(table.pairs) == RECORD_PAIRS
 
 
 def test_profile_answers_from_the_complete_table(record):
@@ -395,10 +414,14 @@ def test_enumerator_fast_law(tmp_path):
                 assert rule2.splits(M, N, K, c["fast_accum"], (c["a_dtype"], c["b_dtype"], c["out_dtype"])) == want[4]
 
 
-def test_fast_law_holds_on_the_recorded_answers():
+#: pairs with M <= 32 of the complete record asked with and without fast accumulation
+FAST_LAW_EVIDENCE_PAIRS = 1059
+
+
+def test_fast_law_holds_on_the_recorded_answers(record):
     """The fast-accumulation law's evidence (splitk_enum.FAST_LAW_M_MAX): in the split region with
     M <= 32, fast accumulation changes no recorded tensorwise answer (dense samples, with and without
-    bias, and the complete record),
+    bias, and the pairs of the complete record it did not decide),
     and at M = 44 it does, so the law is not stretched."""
     from cpemu.recording.splitk_rule import BOUND
 
@@ -421,16 +444,17 @@ def test_fast_law_holds_on_the_recorded_answers():
     assert shapes_checked == 48684 and min(first_diff_m) == 44
     table = load_complete(PARAMS["complete_file"])
     keys = list(table.combo)
+    full = _asked_in_full(record, "law")
     pairs = 0
     for p, key in enumerate(table.pairs):
-        if int(key) >> 20 > se.FAST_LAW_M_MAX:
+        if int(key) >> 20 > se.FAST_LAW_M_MAX or (int(key) >> 20, int(key) & 0xFFFFF) not in full:
             continue
         for k in keys:
             if k.endswith(",promo"):
                 fast = table.configs[table.column(p, table.combo[k.replace(",promo", ",fast")])]
                 assert (table.configs[table.column(p, table.combo[k])] == fast).all(), (int(key) >> 20, k)
         pairs += 1
-    assert pairs == len(table.pairs)
+    assert pairs == FAST_LAW_EVIDENCE_PAIRS
 
 
 def _fake_k_law(M, N, K, c):
@@ -504,7 +528,11 @@ def test_enumerator_k_law(tmp_path):
                 assert rule2.splits(M, N, K, c["fast_accum"], (c["a_dtype"], c["b_dtype"], c["out_dtype"])) == want[4]
 
 
-def test_k_law_holds_on_the_recorded_answers():
+#: pairs of the complete record asked at every K (before the K law, and its checked pairs)
+K_LAW_EVIDENCE_PAIRS = 807
+
+
+def test_k_law_holds_on_the_recorded_answers(record):
     """The K law's evidence (splitk_enum.K_LAW_BLOCK): every group of measured shapes with the same
     M, N, 128-wide K block and alignment class has one answer per combination (dense samples, every
     combination, and the complete record); a 256-wide block or alignment classes up to 32 break it."""
@@ -525,10 +553,13 @@ def test_k_law_holds_on_the_recorded_answers():
     ks = table.meta["k0"] + table.meta["k_step"] * np.arange(table.meta["nk"])
     rep = np.searchsorted(ks, [se.k_law_rep(int(K)) for K in ks])
     assert (ks[rep] == [se.k_law_rep(int(K)) for K in ks]).all() and len(set(rep.tolist())) == 1416
+    full = _asked_in_full(record, "k_law")
     cols = 0
-    for p in range(len(table.pairs)):
+    for p, key in enumerate(table.pairs):
+        if (int(key) >> 20, int(key) & 0xFFFFF) not in full:
+            continue
         for j in table.combo.values():
             col = table.column(p, j)
-            assert (col == col[rep]).all(), (int(table.pairs[p]) >> 20, int(table.pairs[p]) & 0xFFFFF, j)
+            assert (col == col[rep]).all(), (int(key) >> 20, int(key) & 0xFFFFF, j)
             cols += 1
-    assert cols == 579 * 18
+    assert cols == K_LAW_EVIDENCE_PAIRS * 18

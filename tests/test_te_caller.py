@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -99,3 +100,22 @@ def test_verdict_follows_the_schema():
     import jsonschema
     doc = tc.verdict(tc.run_check(_fake_ask(), list(tc.cases(ms=[16]))), PROV)
     jsonschema.validate(json.loads(json.dumps(doc)), cpemu.profile.load_schema("te_caller"))
+
+
+def test_committed_verdict_is_its_rows():
+    """The H200 verdict shipped beside the profile is what its recorded queries say
+    (tests/data/te-caller: every answer of the check, a second run on the same host): 24,576
+    queries, TE's configuration never splits K for an Evo 2 shape, and it picks torch's 1 MiB kernel."""
+    import gzip
+
+    doc = callers.te_caller("hopper-h200-torch")
+    assert doc is not None and doc["provenance"]["device_name"] == "NVIDIA H200"
+    path = os.path.join(os.path.dirname(__file__), "data", "te-caller", "hopper-h200-torch.te-caller-rows.json.gz")
+    with gzip.open(path) as f:
+        rows = json.load(f)
+    assert len(rows) == 24576
+    again = tc.verdict(rows, doc["provenance"])
+    assert again["shapes"] == doc["shapes"] and again["te_no_split"] is doc["te_no_split"] is True
+    for model in doc["shapes"].values():
+        for ws, e in model["te"].items():
+            assert e["no_split"] and e["answered"] == e["queries"] == 1024 and e["M"] == [16, 16384], ws
