@@ -1,0 +1,323 @@
+"""Check cpemu's split-K slicing per (tile, split count) against native torch._scaled_mm outputs.
+
+The profile answers a split-K shape only where its slicing was reproduced on the GPU for the
+kernel's tile up to that split count (``verified_splits``). This tool finds the configurations of
+the complete table above those counts, runs native on a few cheap shapes of each, and compares
+the bytes with cpemu's reference under the profile's slicing (and, where that differs, a few
+other slicings, to say which one the kernel uses).
+
+    python tools/splitk_tiles.py cases --out cases.json                    # CPU: what to run
+    python tools/splitk_tiles.py native --cases cases.json --out native.npz  # GPU host with torch
+    python tools/splitk_tiles.py verdict --cases cases.json --native native.npz --out verdict.json
+    python tools/splitk_tiles.py probe --M 1 --N 48 --K 45712 --out probe.json  # GPU: where slices end
+
+Operands: random finite FP8 codes (numpy seed per case, the same on both machines), unit
+tensorwise scales, no bias. ``native`` also asks the heuristic (as torch asks) whether it still
+picks the case's configuration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import time
+
+import click
+import numpy as np
+
+#: slicings tried where the profile's does not reproduce the output: (name, granularity, layout, order)
+SLICINGS = (("profile", 128, "ceil", "in"), ("reverse", 128, "ceil", "reverse"), ("g64", 64, "ceil", "in"),
+            ("g256", 256, "ceil", "in"), ("balanced", 128, "balanced", "in"),
+            ("balanced-last", 128, "balanced-last", "in"))
+
+
+def _codes(rng, shape, fmt):
+    c = rng.integers(0, 256, shape, dtype=np.uint8)
+    special = (c & 0x7F) == 0x7F if fmt == "e4m3" else (c & 0x7F) >= 0x7C
+    c[special] = 0  # finite codes only
+    return c
+
+
+def operands(case):
+    rng = np.random.default_rng(case["seed"])
+    a, b = case["combo"].split(",")[:2]
+    return _codes(rng, (case["M"], case["K"]), a), _codes(rng, (case["N"], case["K"]), b)
+
+
+def slices(K, s, g, layout):
+    """Contiguous slices of K tiles of g: ``ceil`` (the profile's: ceil(tiles/s) each, the last
+    shorter), ``balanced`` / ``balanced-last`` (tiles // s each, the first / last tiles % s one more)."""
+    tiles = -(-K // g)
+    if layout == "ceil":
+        per = -(-tiles // s) * g
+        return tuple((k, min(k + per, K)) for k in range(0, K, per))
+    base, extra = divmod(tiles, s)
+    counts = [base + (i < extra if layout == "balanced" else i >= s - extra) for i in range(s)]
+    out, k = [], 0
+    for n in counts:
+        if n:
+            out.append((k, min(k + n * g, K)))
+            k += n * g
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------- cases (CPU)
+
+def unverified_configs(profile_name="hopper-h200-torch"):
+    """{config id: (tile, split, reduction)} of the complete table above the profile's verified counts."""
+    import cpemu
+    from cpemu.splitk_complete import load_complete
+
+    par = cpemu.get_profile(profile_name).data["modes"]["tensorwise"]["split_k"]["params"]
+    table = load_complete(par["complete_file"])
+    f = table.meta["fields"]
+    ti, si, ri = f.index("tile_id"), f.index("splitk_num"), f.index("reduction_scheme")
+    ver = par["verified_splits"]
+    out = {i: (int(c[ti]), int(c[si]), int(c[ri])) for i, c in enumerate(table.configs)
+           if c[si] > ver.get(str(int(c[ti])), 1)}
+    return table, out
+
+
+def make_cases(per: int, profile_name="hopper-h200-torch"):
+    table, bad = unverified_configs(profile_name)
+    ks = table.meta["k0"] + table.meta["k_step"] * np.arange(table.meta["nk"])
+    best = {}  # (tile, s, red) -> {(M, N): (cost, K, combo)}
+    ids = np.array(sorted(bad))
+    for p, key in enumerate(table.pairs.tolist()):
+        M, N = key >> 20, key & 0xFFFFF
+        for combo, j in table.combo.items():
+            col = table.column(p, j)
+            hit = np.isin(col, ids)
+            if not hit.any():
+                continue
+            for cid in np.unique(col[hit]).tolist():
+                i = int(np.argmax(col == cid))  # the smallest K with this configuration
+                cfg = bad[cid]
+                cost = M * N * int(ks[i])
+                d = best.setdefault(cfg, {})
+                if (M, N) not in d or cost < d[(M, N)][0]:
+                    d[(M, N)] = (cost, int(ks[i]), combo)
+    cases = []
+    for cfg in sorted(best):
+        picks = sorted(best[cfg].items(), key=lambda kv: kv[1][0])[:per]
+        for (M, N), (cost, K, combo) in picks:
+            cases.append({"tile": cfg[0], "splits": cfg[1], "reduction": cfg[2], "M": M, "N": N, "K": K,
+                          "combo": combo, "macs": cost, "seed": len(cases)})
+    return cases
+
+
+# ---------------------------------------------------------------------------- native (GPU)
+
+def run_native(cases):
+    import torch
+
+    from cpemu.recording.splitk_query import FIELDS, Querier, probe_workspace
+
+    ws, _ = probe_workspace()
+    q = Querier(ws)
+    dt = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+    outs, asked = {}, []
+    for i, c in enumerate(cases):
+        a_f, b_f, out, acc = c["combo"].split(",")
+        a, bt = operands(c)
+        ta = torch.from_numpy(a).cuda().view(dt[a_f])
+        tb = torch.from_numpy(bt).cuda().view(dt[b_f])
+        one = torch.ones((), device="cuda")
+        y = torch._scaled_mm(ta, tb.t(), scale_a=one, scale_b=one, out_dtype=getattr(torch, out),
+                             use_fast_accum=acc == "fast").cpu().contiguous()
+        outs[f"c{i}"] = y.view(torch.uint8).numpy().reshape(-1)
+        ans = q.ask(c["M"], c["N"], c["K"], {"a_dtype": a_f, "b_dtype": b_f, "out_dtype": out,
+                                              "fast_accum": acc == "fast", "bias": False, "scale_mode": "tensorwise"})
+        row = dict(zip(FIELDS, ans)) if ans else {}
+        asked.append({"tile_id": row.get("tile_id"), "splitk_num": row.get("splitk_num"),
+                      "reduction_scheme": row.get("reduction_scheme")})
+    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "workspace_bytes": ws,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "heuristic": asked, **q.info()}
+    return outs, meta
+
+
+# ---------------------------------------------------------------------------- probe (GPU)
+
+#: the probe's two products: BIG in one K position and SMALL 16 further, a = 1 everywhere. In one
+#: chain of fast accumulation the step aligns SMALL to BIG's exponent and truncates it away (2^-9 is
+#: below 256's grid of 2^-5 at 13 fraction bits); in two chains each partial is exact and their FP32
+#: round-to-nearest sum keeps it (the ulp of 256 is 2^-15).
+PROBE_BIG, PROBE_SMALL = 256.0, 2.0 ** -9
+
+
+def probe_operands(M, N, K, first, fmt_a="e4m3", fmt_b="e4m3"):
+    """Codes for one probe call: column n tests the K positions ``16 * (first + n)`` and 16 further."""
+    import ml_dtypes
+
+    dt = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+    a = np.full((M, K), 1.0, np.float32).astype(dt[fmt_a]).view(np.uint8)
+    bt = np.zeros((N, K), np.float32)
+    for n in range(N):
+        k = 16 * (first + n)
+        if k + 16 < K:
+            bt[n, k], bt[n, k + 16] = PROBE_BIG, PROBE_SMALL
+    return a, bt.astype(dt[fmt_b]).view(np.uint8)
+
+
+def read_probe(out_row, first, K):
+    """The K positions (multiples of 16) where a new chain starts, from one probe call's FP32 outputs."""
+    starts = []
+    for n, v in enumerate(np.asarray(out_row, np.float32).tolist()):
+        k = 16 * (first + n)
+        if k + 16 < K and v != PROBE_BIG:
+            if v != PROBE_BIG + PROBE_SMALL:
+                raise ValueError(f"probe output {v!r} at K position {k}: neither one chain nor two")
+            starts.append(k + 16)
+    return starts
+
+
+def run_probe(M, N, K, fmt_a="e4m3", fmt_b="e4m3"):
+    import torch
+
+    from cpemu.recording.splitk_query import FIELDS, Querier, probe_workspace
+
+    ws, _ = probe_workspace()
+    combo = {"a_dtype": fmt_a, "b_dtype": fmt_b, "out_dtype": "float32", "fast_accum": True, "bias": False,
+             "scale_mode": "tensorwise"}
+    ans = Querier(ws).ask(M, N, K, combo)
+    dt = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+    one = torch.ones((), device="cuda")
+    starts = []
+    for first in range(0, K // 16 - 1, N):
+        a, bt = probe_operands(M, N, K, first, fmt_a, fmt_b)
+        y = torch._scaled_mm(torch.from_numpy(a).cuda().view(dt[fmt_a]), torch.from_numpy(bt).cuda().view(dt[fmt_b]).t(),
+                             scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=True)
+        starts += read_probe(y[0].cpu().numpy(), first, K)
+    return {"M": M, "N": N, "K": K, "formats": [fmt_a, fmt_b], "heuristic": dict(zip(FIELDS, ans)) if ans else None,
+            "chain_starts": starts, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
+
+
+# ---------------------------------------------------------------------------- verdict (CPU)
+
+def emulate(case, name):
+    """cpemu's reference output bytes of ``case`` under the slicing ``name`` (:data:`SLICINGS`)."""
+    import cpemu
+    from cpemu import reference as ref
+    from cpemu.call import Epilogue
+    from cpemu.formats import FP8_FORMATS, encode_output
+    from cpemu.schedule import Plan
+
+    _, g, layout, order = next(s for s in SLICINGS if s[0] == name)
+    prof = cpemu.get_profile()
+    a_f, b_f, out, acc = case["combo"].split(",")
+    promo = None if acc == "fast" else int(prof.mode("tensorwise")["promotion_interval"])
+    a, bt = operands(case)
+    A, B = ref.Codes(a, FP8_FORMATS[a_f]), ref.Codes(bt, FP8_FORMATS[b_f])
+    parts = [ref.accumulate(A, B, Plan(slices=(sl,), promotion=promo), prof.instruction)
+             for sl in slices(case["K"], case["splits"], g, layout)]
+    if order == "reverse":
+        parts = parts[::-1]
+    acc_sum = parts[0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        for p in parts[1:]:
+            acc_sum = acc_sum + p
+    ep = Epilogue.from_mode(prof.mode("tensorwise"), out)
+    one = np.float32(1.0)
+    y = encode_output(ref.epilogue(acc_sum, one, one, None, ep.spec()), out, ep.nan_bits)
+    return np.ascontiguousarray(y).view(np.uint8).reshape(-1)
+
+
+def _check(job):
+    case, want, names = job
+    got = {}
+    for name in names:
+        got[name] = bool(np.array_equal(emulate(case, name), want))
+        if name == "profile" and got[name]:
+            break  # the profile's slicing reproduces it: no need for the others
+    return got
+
+
+def verdict(cases, native, jobs=1, names=tuple(s[0] for s in SLICINGS)):
+    work = [(c, native[f"c{i}"], names) for i, c in enumerate(cases)]
+    if jobs > 1:
+        with mp.get_context("spawn").Pool(jobs) as pool:
+            res = pool.map(_check, work, chunksize=1)
+    else:
+        res = [_check(w) for w in work]
+    rows = [dict(c, match=r, sha256=hashlib.sha256(native[f"c{i}"].tobytes()).hexdigest())
+            for i, (c, r) in enumerate(zip(cases, res))]
+    tiles = {}
+    for r in rows:
+        tiles.setdefault(r["tile"], {}).setdefault(r["splits"], []).append(r["match"].get("profile", False))
+    proposed = {}
+    for tile, by_s in sorted(tiles.items()):
+        top = None
+        for s in sorted(by_s):
+            if not all(by_s[s]):
+                break
+            top = s
+        proposed[str(tile)] = top
+    return {"rows": rows, "matched": sum(r["match"].get("profile", False) for r in rows), "cases": len(rows),
+            "proposed_verified_splits": proposed}
+
+
+@click.group()
+def cli():
+    """(module docstring)"""
+
+
+@cli.command("cases")
+@click.option("--out", "out_path", required=True)
+@click.option("--per", type=int, default=3, help="shapes per configuration (the cheapest, one per (M, N))")
+def cases_cmd(out_path, per):
+    cases = make_cases(per)
+    with open(out_path, "w") as f:
+        json.dump({"cases": cases}, f, indent=0)
+    click.echo(f"{len(cases)} cases of {len({(c['tile'], c['splits']) for c in cases})} configurations, "
+               f"{sum(c['macs'] for c in cases):.3g} MACs")
+
+
+@cli.command("native")
+@click.option("--cases", "cases_path", required=True)
+@click.option("--out", "out_path", required=True)
+def native_cmd(cases_path, out_path):
+    with open(cases_path) as f:
+        cases = json.load(f)["cases"]
+    outs, meta = run_native(cases)
+    np.savez_compressed(out_path, meta=json.dumps(meta), **outs)
+    moved = sum(h["tile_id"] != c["tile"] or h["splitk_num"] != c["splits"] for h, c in zip(meta["heuristic"], cases))
+    click.echo(f"{len(cases)} native outputs; the heuristic picked another configuration for {moved}")
+
+
+@cli.command("probe")
+@click.option("--M", "M", type=int, required=True)
+@click.option("--N", "N", type=int, required=True)
+@click.option("--K", "K", type=int, required=True)
+@click.option("--formats", default="e4m3,e4m3", help="a,b formats")
+@click.option("--out", "out_path", required=True)
+def probe_cmd(M, N, K, formats, out_path):
+    """Where torch's kernel starts a new accumulation chain along K (fast accumulation, FP32 out)."""
+    fa, fb = formats.split(",")
+    doc = run_probe(M, N, K, fa, fb)
+    with open(out_path, "w") as f:
+        json.dump(doc, f, indent=1)
+    h = doc["heuristic"] or {}
+    click.echo(f"tile {h.get('tile_id')} split {h.get('splitk_num')}: chains start at {doc['chain_starts']}")
+
+
+@cli.command("verdict")
+@click.option("--cases", "cases_path", required=True)
+@click.option("--native", "native_path", required=True)
+@click.option("--out", "out_path", required=True)
+@click.option("--jobs", type=int, default=1)
+def verdict_cmd(cases_path, native_path, out_path, jobs):
+    with open(cases_path) as f:
+        cases = json.load(f)["cases"]
+    z = np.load(native_path)
+    native = {k: z[k] for k in z.files if k != "meta"}
+    doc = verdict(cases, native, jobs)
+    doc["native"] = json.loads(str(z["meta"]))
+    with open(out_path, "w") as f:
+        json.dump(doc, f, indent=1)
+    click.echo(f"{doc['matched']}/{doc['cases']} reproduced by the profile's slicing; "
+               f"proposed verified_splits {doc['proposed_verified_splits']}")
+
+
+if __name__ == "__main__":
+    cli()
