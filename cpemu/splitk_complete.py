@@ -16,6 +16,13 @@ One ``.npz`` file (numpy, compressed), read lazily the first time a shape needs 
 Runs along K and differences against a base combination (fast accumulation for the same
 options without it, bf16 output for the other outputs, e4m3 x e4m3 for the other formats:
 the closest pairs measured) keep it compact.
+
+With ``meta["store"] == "k-law"`` the runs are not along the grid but along its K-law classes
+(:func:`stored_index`): the answer depends on K only through its 128-wide block and its
+alignment (16, 32, 64 and more; :mod:`cpemu.recording.splitk_enum`), so a column is stored as
+the answers of the 16-aligned K of every block, then the 32-aligned, then the 64-aligned. The
+alternation of the classes along K disappears from the runs, and the table is about ten times
+smaller. :func:`write_table` stores so only where every column obeys the law.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from importlib import resources
 
 import numpy as np
 
-__all__ = ["NONE", "SAME", "pair_key", "default_bases", "write_table", "load_complete", "lookup"]
+__all__ = ["NONE", "SAME", "MARK_ASKED", "MARK_DERIVED", "MARK_CHECKED", "pair_key", "column_runs", "default_bases", "stored_index", "write_table", "load_complete", "lookup"]
 
 NONE = 0xFFFF  # no algorithm
 SAME = 0xFFFE  # as the base combination
@@ -56,23 +63,57 @@ def default_bases(keys: list[str]) -> list[int]:
     return out
 
 
-def _runs(col: np.ndarray) -> np.ndarray:
+_BLOCK, _CLASSES = 128, (16, 32, 64)
+
+
+def stored_index(meta: dict) -> np.ndarray | None:
+    """For each K of the grid, its index in a stored column (None: stored along the grid).
+
+    K-law order: class c (alignment 16, 32, 64+) of block b is at ``c * blocks + b``."""
+    if meta.get("store") != "k-law":
+        return None
+    k = meta["k0"] + meta["k_step"] * np.arange(meta["nk"], dtype=np.int64)
+    block = (k - 1) // _BLOCK
+    b0 = (meta["k0"] - 1) // _BLOCK
+    nb = int(block[-1]) - b0 + 1
+    cls = np.searchsorted(_CLASSES, np.minimum(k & -k, _CLASSES[-1]))
+    return cls * nb + (block - b0)
+
+
+def _k_law_ready(meta: dict) -> bool:
+    """Whether every stored slot of the K-law order is the answer of a K of the grid."""
+    if meta["k_step"] != 16 or (meta["k0"] - 16) % _BLOCK or (meta["k0"] + meta["k_step"] * meta["nk"] - 16) % _BLOCK:
+        return False
+    idx = stored_index(dict(meta, store="k-law"))
+    return len(np.unique(idx)) == idx.max() + 1
+
+
+def column_runs(col: np.ndarray) -> np.ndarray:
     """[end, value, end, value, ...] of a column."""
     change = np.nonzero(col[1:] != col[:-1])[0] + 1
     ends = np.concatenate((change, [len(col)]))
     return np.stack((ends, col[np.concatenate(([0], change))]), 1).ravel()
 
 
-def write_table(path: str, meta: dict, pairs: dict, configs: list) -> dict:
+#: per pair and law (``law_fast``, ``law_k``): how its answers were found
+MARK_ASKED, MARK_DERIVED, MARK_CHECKED = 0, 1, 2
+_MARK = {None: MARK_ASKED, "derived": MARK_DERIVED, "checked": MARK_CHECKED}
+
+
+def write_table(path: str, meta: dict, pairs: dict, configs: list, marks: dict | None = None) -> dict:
     """Write ``pairs`` ({(M, N): {combo key: [end, config id, end, config id, ...]}}: the runs along
     the K grid, each ending before K index ``end``; ``NONE`` = no algorithm) with differences against
-    ``meta["base"]`` (set to :func:`default_bases` when absent); returns the sizes written."""
+    ``meta["base"]`` (set to :func:`default_bases` when absent); returns the sizes written.
+
+    ``marks``: {(M, N): {"fast": None | "derived" | "checked", "k": ...}}, how the recorder used
+    the fast-accumulation law and the K law on the pair (absent: neither), stored as ``law_fast``
+    and ``law_k`` (:data:`MARK_ASKED`, :data:`MARK_DERIVED`, :data:`MARK_CHECKED`)."""
     combos = meta["combos"]
     meta.setdefault("base", default_bases(combos))
     if len(configs) >= SAME:
         raise ValueError(f"write_table: {len(configs)} configurations do not fit 16-bit ids")
     keys = sorted(pairs, key=lambda mn: pair_key(*mn))
-    parts = {j: [] for j in range(len(combos))}
+    grid_cols = {}
     for mn in keys:
         cols = []
         for key in combos:
@@ -80,11 +121,25 @@ def write_table(path: str, meta: dict, pairs: dict, configs: list) -> dict:
             if r[-2] != meta["nk"]:
                 raise ValueError(f"write_table: the runs of {mn} {key} end at {r[-2]}, not at the grid's end")
             cols.append(np.repeat(r[1::2], np.diff(np.concatenate(([0], r[0::2])))))
+        grid_cols[mn] = cols
+    if meta.get("store") == "k-law":
+        idx = stored_index(meta) if _k_law_ready(meta) else None
+        first = None if idx is None else np.unique(idx, return_index=True)[1]
+        if idx is None or any((col != col[first][idx]).any() for cols in grid_cols.values() for col in cols):
+            meta["store"] = "grid"  # some column breaks the law (or the grid does not fit it)
+        else:
+            grid_cols = {mn: [col[first] for col in cols] for mn, cols in grid_cols.items()}
+    parts = {j: [] for j in range(len(combos))}
+    for mn in keys:
+        cols = grid_cols[mn]
         for j, col in enumerate(cols):
             b = meta["base"][j]
-            parts[j].append(_runs(col if b < 0 else np.where(col == cols[b], SAME, col)))
+            parts[j].append(column_runs(col if b < 0 else np.where(col == cols[b], SAME, col)))
+    marks = marks or {}
     arrays = {"pairs": np.array([pair_key(*mn) for mn in keys], np.int64),
-              "configs": np.asarray(configs, np.int32).reshape(len(configs), len(meta["fields"]))}
+              "configs": np.asarray(configs, np.int32).reshape(len(configs), len(meta["fields"])),
+              **{f"law_{law}": np.array([_MARK[marks.get(mn, {}).get(law)] for mn in keys], np.uint8)
+                 for law in ("fast", "k")}}
     runs_total = 0
     for j, runs in parts.items():
         flat = np.concatenate(runs) if runs else np.zeros(0, np.int64)
@@ -101,17 +156,22 @@ def write_table(path: str, meta: dict, pairs: dict, configs: list) -> dict:
 class _Table:
     def __init__(self, z):
         self.meta = json.loads(str(z["meta"]))
+        self.index = stored_index(self.meta)
         self.pairs = z["pairs"]
         self.configs = z["configs"]
         self.split_col = self.meta["fields"].index("splitk_num")
         self.combo = {k: j for j, k in enumerate(self.meta["combos"])}
         self.runs = {j: (z[f"off{j}"], z[f"end{j}"], z[f"cfg{j}"]) for j in range(len(self.meta["combos"]))}
+        zeros = np.zeros(len(self.pairs), np.uint8)
+        self.marks = {law: z[f"law_{law}"] if f"law_{law}" in z.files else zeros for law in ("fast", "k")}
 
     def column(self, p: int, j: int) -> np.ndarray:
         """Configuration ids of pair index ``p``, combination ``j``, at every K of the grid (NONE: no algorithm)."""
         off, end, cfg = self.runs[j]
         lo, hi = int(off[p]), int(off[p + 1])
         col = np.repeat(cfg[lo:hi], np.diff(np.concatenate(([0], end[lo:hi].astype(np.int64)))))
+        if self.index is not None:
+            col = col[self.index]
         b = self.meta["base"][j]
         return col if b < 0 else np.where(col == SAME, self.column(p, b), col)
 
@@ -126,6 +186,8 @@ class _Table:
         p = int(np.searchsorted(self.pairs, k))
         if p == len(self.pairs) or self.pairs[p] != k:
             return None
+        if self.index is not None:
+            i = int(self.index[i])
         c = SAME
         while c == SAME:
             off, end, cfg = self.runs[j]

@@ -107,23 +107,18 @@ def record(tmp_path_factory):
     return str(d / "rec")
 
 
-#: the pairs of the complete record (tests/data/h200-splitk/complete/README.md)
+#: the pairs of the shipped complete table (tests/data/h200-splitk/complete/README.md)
 RECORD_PAIRS = 4396
+#: the pairs of the part files in rec.txz (the runs since the table was last cut from its record)
+ARCHIVE_PAIRS = 4396
 
 
-def _asked_in_full(record, field):
-    """The pairs of the record whose answers were all asked under a law's field ("law": the fast
-    accumulation law, "k_law": the K law): the law was off or the pair was a checked one."""
-    out = set()
-    for path in sorted(os.listdir(record)):
-        if path.startswith("part-"):
-            for line in open(os.path.join(record, path)):
-                if line.startswith('{"M"'):
-                    head = line[:line.index(',"runs"')] + "}"
-                    if f'"{field}":"derived"' not in head:
-                        d = json.loads(head)
-                        out.add((d["M"], d["N"]))
-    return out
+def _asked_in_full(table, law):
+    """The pair indices of the table whose answers were all asked under ``law`` ("fast", "k"):
+    the law was off or the pair was a checked one."""
+    from cpemu.splitk_complete import MARK_DERIVED
+
+    return set(np.nonzero(table.marks[law] != MARK_DERIVED)[0].tolist())
 
 
 def test_complete_table_is_the_record(record):
@@ -150,7 +145,7 @@ def test_complete_table_is_the_record(record):
                 assert want is not None and got.shape == (nk, len(table.meta["fields"]))
                 assert (got == want).all(), (M, N, key)
             pairs += 1
-    assert pairs == len(table.pairs) == RECORD_PAIRS
+    assert pairs == ARCHIVE_PAIRS and len(table.pairs) == RECORD_PAIRS
 
 
 def test_profile_answers_from_the_complete_table(record):
@@ -251,6 +246,7 @@ def test_enumerator_resumes_and_merges(tmp_path):
     out = str(tmp_path / "t.npz")
     sizes = se.merge(rec, out)
     assert sizes["pairs"] == len(pairs)
+    assert load_complete("t.npz", str(tmp_path)).meta["store"] == "grid"  # _fake breaks the K law at K = 256 j
     rule = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
                       params={"bound": plan["bound"], "complete_file": "t.npz"}, base_dir=str(tmp_path))
     checked = 0
@@ -418,7 +414,7 @@ def test_enumerator_fast_law(tmp_path):
 FAST_LAW_EVIDENCE_PAIRS = 1059
 
 
-def test_fast_law_holds_on_the_recorded_answers(record):
+def test_fast_law_holds_on_the_recorded_answers():
     """The fast-accumulation law's evidence (splitk_enum.FAST_LAW_M_MAX): in the split region with
     M <= 32, fast accumulation changes no recorded tensorwise answer (dense samples, with and without
     bias, and the pairs of the complete record it did not decide),
@@ -444,10 +440,10 @@ def test_fast_law_holds_on_the_recorded_answers(record):
     assert shapes_checked == 48684 and min(first_diff_m) == 44
     table = load_complete(PARAMS["complete_file"])
     keys = list(table.combo)
-    full = _asked_in_full(record, "law")
+    full = _asked_in_full(table, "fast")
     pairs = 0
     for p, key in enumerate(table.pairs):
-        if int(key) >> 20 > se.FAST_LAW_M_MAX or (int(key) >> 20, int(key) & 0xFFFFF) not in full:
+        if int(key) >> 20 > se.FAST_LAW_M_MAX or p not in full:
             continue
         for k in keys:
             if k.endswith(",promo"):
@@ -497,6 +493,7 @@ def test_enumerator_k_law(tmp_path):
     assert st["k_law"] == {"derived": len(pairs) - n_check, "checked": n_check, "violated": False}
     assert st["fast_law"] == {"derived": 0, "checked": 0, "violated": False}
     se.merge(rec, str(tmp_path / "t.npz"))
+    assert load_complete("t.npz", str(tmp_path)).meta["store"] == "k-law"
     rule = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
                       params={"bound": plan["bound"], "complete_file": "t.npz"}, base_dir=str(tmp_path))
     for M, N in pairs[::5]:
@@ -532,7 +529,7 @@ def test_enumerator_k_law(tmp_path):
 K_LAW_EVIDENCE_PAIRS = 807
 
 
-def test_k_law_holds_on_the_recorded_answers(record):
+def test_k_law_holds_on_the_recorded_answers():
     """The K law's evidence (splitk_enum.K_LAW_BLOCK): every group of measured shapes with the same
     M, N, 128-wide K block and alignment class has one answer per combination (dense samples, every
     combination, and the complete record); a 256-wide block or alignment classes up to 32 break it."""
@@ -553,13 +550,73 @@ def test_k_law_holds_on_the_recorded_answers(record):
     ks = table.meta["k0"] + table.meta["k_step"] * np.arange(table.meta["nk"])
     rep = np.searchsorted(ks, [se.k_law_rep(int(K)) for K in ks])
     assert (ks[rep] == [se.k_law_rep(int(K)) for K in ks]).all() and len(set(rep.tolist())) == 1416
-    full = _asked_in_full(record, "k_law")
+    full = _asked_in_full(table, "k")
     cols = 0
     for p, key in enumerate(table.pairs):
-        if (int(key) >> 20, int(key) & 0xFFFFF) not in full:
+        if p not in full:
             continue
         for j in table.combo.values():
             col = table.column(p, j)
             assert (col == col[rep]).all(), (int(key) >> 20, int(key) & 0xFFFFF, j)
             cols += 1
     assert cols == K_LAW_EVIDENCE_PAIRS * 18
+
+
+def test_k_law_storage_order():
+    """The shipped table is stored in K-law order: each slot holds the K of one 128-wide block and
+    one alignment class, every slot is used, and the stored column expands to the grid."""
+    from cpemu.splitk_complete import stored_index
+
+    table = load_complete(PARAMS["complete_file"])
+    assert table.meta["store"] == "k-law"
+    m = table.meta
+    ks = m["k0"] + m["k_step"] * np.arange(m["nk"])
+    idx = stored_index(m)
+    assert sorted(set(idx.tolist())) == list(range(1416))
+    slot = {}
+    for K, i in zip(ks.tolist(), idx.tolist()):
+        slot.setdefault(i, set()).add((-(-K // 128), min(K & -K, 64)))
+    assert all(len(v) == 1 for v in slot.values())
+    assert stored_index(dict(m, store="grid")) is None
+
+
+def test_enumerator_continues_a_table(tmp_path):
+    """A record continued from an earlier merged table (``run --table``, ``merge --table``) asks
+    none of its pairs again, and merges to the table one record of every pair gives, laws' marks included."""
+    from cpemu.splitk_complete import MARK_ASKED, MARK_CHECKED, MARK_DERIVED, NONE
+
+    plan = _small_plan()
+    pairs = se.open_pairs(plan)
+    one, first, second = (str(tmp_path / d) for d in ("one", "first", "second"))
+    for rec in (one, first, second):
+        se._start(rec, plan)
+    ask = lambda M, N, K, c: _fake_k_law(M, N, K, dict(c, fast_accum=True))  # noqa: E731
+    assert sum(se.run_worker(one, w, 2, ask, fast_law=True, k_law=True) for w in range(2)) == len(pairs)
+    se.merge(one, str(tmp_path / "one.npz"))
+    assert sum(se.run_worker(first, w, 2, ask, max_pairs=20, fast_law=True, k_law=True) for w in range(2)) == 40
+    se.merge(first, str(tmp_path / "first.npz"))
+    t1 = load_complete("first.npz", str(tmp_path))
+    skip = frozenset((k >> 20, k & 0xFFFFF) for k in t1.pairs.tolist())
+    asked = []
+
+    def ask2(M, N, K, c):
+        asked.append((M, N))
+        return ask(M, N, K, c)
+
+    assert sum(se.run_worker(second, w, 3, ask2, fast_law=True, k_law=True, skip=skip) for w in range(3)) == len(pairs) - 40
+    assert not set(asked) & skip
+    se.merge(second, str(tmp_path / "both.npz"), base=str(tmp_path / "first.npz"))
+    a, b = load_complete("one.npz", str(tmp_path)), load_complete("both.npz", str(tmp_path))
+    assert (a.pairs == b.pairs).all() and a.meta["store"] == b.meta["store"] == "k-law"
+    for law in ("fast", "k"):
+        assert (a.marks[law] == b.marks[law]).all()
+        assert a.meta[f"{law}_law"] == b.meta[f"{law}_law"]
+    assert set(a.marks["k"].tolist()) == {MARK_DERIVED, MARK_CHECKED}  # the K law on every pair
+    assert MARK_DERIVED in a.marks["fast"] and (MARK_ASKED in a.marks["fast"]) == any(M > 32 for M, _ in pairs)
+    for p in range(len(a.pairs)):
+        for j in range(len(a.meta["combos"])):
+            ca, cb = a.column(p, j), b.column(p, j)
+            some = ca != NONE
+            assert (some == (cb != NONE)).all() and (a.configs[ca[some]] == b.configs[cb[some]]).all()
+    with pytest.raises(Exception, match="in .*first.npz and in the part files"):
+        se.merge(first, str(tmp_path / "twice.npz"), base=str(tmp_path / "first.npz"))

@@ -46,9 +46,10 @@ import os
 import time
 
 import click
+import numpy as np
 
 from ..splitk import combo_key, split_bound
-from ..splitk_complete import NONE, write_table
+from ..splitk_complete import NONE, column_runs, write_table
 from .splitk_query import CONFIG_FIELDS
 from .splitk_rule import BOUND
 from .splitk_table import combos
@@ -128,6 +129,20 @@ def read_part(path: str) -> tuple[dict, dict]:
     return configs, done
 
 
+def read_marks(path: str) -> dict:
+    """{(M, N): {"fast": mark, "k": mark}} of one part file: how each finished pair used the laws
+    (None: asked without the law, "derived", "checked"); a cut-off line is dropped."""
+    out = {}
+    if not os.path.exists(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            if line.startswith('{"M"') and line.endswith("\n"):
+                head = json.loads(line[:line.index(',"runs"')] + "}")
+                out[(head["M"], head["N"])] = {"fast": head.get("law"), "k": head.get("k_law")}
+    return out
+
+
 def _runs(ids: list[int]) -> list[int]:
     """[end, id, end, id, ...]: run-length form of a column along K."""
     out = []
@@ -181,11 +196,12 @@ def _k_law_check_pair(M: int, N: int) -> bool:
 
 
 def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max_pairs: int | None = None,
-               first_n=(), fast_law: bool = False, k_law: bool = False) -> int:
+               first_n=(), fast_law: bool = False, k_law: bool = False, skip=frozenset()) -> int:
     """Worker ``w`` of ``W``: ask ``ask(M, N, K, combo) -> FIELDS tuple | None`` for the pairs
     ``w, w + W, ...`` of :func:`pair_order` that no part file holds yet, appending each finished
     pair to its own file; stops at ``deadline`` (time.time()) or after ``max_pairs``. Returns the
-    pairs finished. ``fast_law``: use the fast-accumulation law (module docstring)."""
+    pairs finished. ``fast_law``, ``k_law``: use the fast-accumulation law, the K law (module docstring).
+    ``skip``: pairs an earlier table holds (not asked again)."""
     with open(os.path.join(rec, "plan.json")) as f:
         plan = json.load(f)
     path = _part_path(rec, w, W)
@@ -194,6 +210,7 @@ def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max
     for other in _parts(rec):  # pairs finished by any other worker (another order or number of workers)
         if other != path:
             done.update(read_part(other)[1])
+    done.update(dict.fromkeys(skip))
     ids = {c: i for i, c in configs.items()}
     ks = k_grid(plan)
     partner = fast_partners(plan["combos"])
@@ -295,8 +312,46 @@ def _law_counts(rec: str, law: str = "fast") -> dict:
     return dict(counts, violated=law_violated(rec, law))
 
 
-def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: bool = False) -> dict:
-    """Every finished pair of every part file into one complete table (:func:`cpemu.splitk_complete.write_table`).
+def _table_pairs(table, fields, configs, index, pairs, marks):
+    """Add every pair of an earlier table (a :class:`cpemu.splitk_complete` table) to the merge."""
+    cols = [table.meta["fields"].index(f) for f in fields]
+    to_global = np.full(len(table.configs) + 1, NONE, np.int64)
+    for i, cfg in enumerate(table.configs.tolist()):
+        cfg = tuple(cfg[c] for c in cols)
+        if cfg not in index:
+            index[cfg] = len(configs)
+            configs.append(cfg)
+        to_global[i] = index[cfg]
+    keys = table.meta["combos"]
+    for p, key in enumerate(table.pairs.tolist()):
+        mn = (key >> 20, key & 0xFFFFF)
+        runs = {}
+        for k in keys:
+            col = table.column(p, table.combo[k])
+            col = to_global[np.where(col == NONE, len(table.configs), col)]
+            runs[k] = [int(v) for v in column_runs(col)]
+        pairs[mn] = runs
+        marks[mn] = {law: (None, "derived", "checked")[int(table.marks[law][p])] for law in ("fast", "k")}
+
+
+def base_table(path: str | None):
+    """The earlier table a record continues (None: none)."""
+    if path is None:
+        return None
+    from ..splitk_complete import load_complete
+
+    return load_complete(os.path.basename(path), os.path.dirname(os.path.abspath(path)))
+
+
+def _base_violated(table, law: str) -> bool:
+    return bool(table is not None and table.meta.get("fast_law" if law == "fast" else "k_law", {}).get("violated"))
+
+
+def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: bool = False,
+          base: str | None = None) -> dict:
+    """Every finished pair of every part file into one complete table (:func:`cpemu.splitk_complete.write_table`),
+    with every pair of the table ``base`` (an earlier merge this record continues; its pairs are
+    not asked again, see ``run --table``).
 
     ``splits_only`` keeps only the split count of each configuration (fewer runs); the part files
     keep the whole configuration either way."""
@@ -305,7 +360,21 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
     keys = [combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"]) for c in plan["combos"]]
     fields = ["splitk_num"] if splits_only else list(CONFIG_FIELDS)
     cols = [CONFIG_FIELDS.index(f) for f in fields]
-    configs, index, pairs = [], {}, {}
+    configs, index, pairs, marks = [], {}, {}, {}
+    old = base_table(base)
+    counts = {"fast": {"derived": 0, "checked": 0}, "k": {"derived": 0, "checked": 0}}
+    if old is not None:
+        m = old.meta
+        same = {k: m[k] for k in ("k0", "k_step", "nk", "combos", "bound", "n_max")}
+        want = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
+                "bound": plan["bound"], "n_max": plan["n_max"]}
+        if same != want:
+            raise click.ClickException(f"{base} is a table of another plan ({same}); the record's plan is {want}")
+        _table_pairs(old, fields, configs, index, pairs, marks)
+        for law, name in (("fast", "fast_law"), ("k", "k_law")):
+            for k in counts[law]:
+                counts[law][k] += int(m.get(name, {}).get(k, 0))
+    from_base = set(pairs)
     for path in _parts(rec):
         local, done = read_part(path)
         to_global = {-1: NONE}
@@ -316,13 +385,20 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
                 configs.append(cfg)
             to_global[i] = index[cfg]
         for mn, runs in done.items():
+            if mn in from_base:
+                raise click.ClickException(f"pair {mn} is in {base} and in the part files of {rec}")
             pairs[mn] = {k: [to_global[v] if i % 2 else v for i, v in enumerate(r)] for k, r in zip(keys, runs)}
+        marks.update(read_marks(path))
+    law = {name: dict({k: counts[short][k] + v for k, v in _law_counts(rec, short).items() if k in counts[short]},
+                      violated=_law_counts(rec, short)["violated"] or _base_violated(old, short))
+           for short, name in (("fast", "fast_law"), ("k", "k_law"))}
     meta = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
-            "fields": fields, "bound": plan["bound"], "n_max": plan["n_max"], "provenance": provenance or {},
-            "fast_law": dict(_law_counts(rec), m_max=FAST_LAW_M_MAX, check_every=FAST_LAW_CHECK_EVERY),
-            "k_law": dict(_law_counts(rec, "k"), block=K_LAW_BLOCK, align_cap=K_LAW_ALIGN_CAP,
-                          check_every=K_LAW_CHECK_EVERY)}
-    return write_table(out_path, meta, pairs, configs)
+            "store": "grid" if law["k_law"]["violated"] else "k-law",
+            "fields": fields, "bound": plan["bound"], "n_max": plan["n_max"],
+            "provenance": provenance or (old.meta.get("provenance", {}) if old is not None else {}),
+            "fast_law": dict(law["fast_law"], m_max=FAST_LAW_M_MAX, check_every=FAST_LAW_CHECK_EVERY),
+            "k_law": dict(law["k_law"], block=K_LAW_BLOCK, align_cap=K_LAW_ALIGN_CAP, check_every=K_LAW_CHECK_EVERY)}
+    return write_table(out_path, meta, pairs, configs, marks)
 
 
 def _start(rec: str, plan: dict) -> None:
@@ -340,15 +416,18 @@ def _start(rec: str, plan: dict) -> None:
 
 
 def _gpu_worker(args):
-    rec, w, W, ws, deadline, first_n, fast_law, k_law = args
+    rec, w, W, ws, deadline, first_n, fast_law, k_law, table = args
     from .splitk_query import LeanQuerier
 
+    old = base_table(table)
+    skip = frozenset() if old is None else frozenset((k >> 20, k & 0xFFFFF) for k in old.pairs.tolist())
     q = LeanQuerier(ws)
-    return run_worker(rec, w, W, q.ask, deadline, first_n=first_n, fast_law=fast_law, k_law=k_law)
+    return run_worker(rec, w, W, q.ask, deadline, first_n=first_n, fast_law=fast_law and not _base_violated(old, "fast"),
+                      k_law=k_law and not _base_violated(old, "k"), skip=skip)
 
 
 def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_bytes: int | None = None, echo=print,
-                 first_n=(), fast_law: bool = False, k_law: bool = False):
+                 first_n=(), fast_law: bool = False, k_law: bool = False, table: str | None = None):
     """Start or continue the record with ``jobs`` processes for at most ``seconds``."""
     from .splitk_query import probe_workspace
 
@@ -362,7 +441,7 @@ def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_byte
     t0 = time.time()
     deadline = t0 + seconds
     with mp.get_context("spawn").Pool(jobs) as pool:
-        n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline, tuple(first_n), fast_law, k_law)
+        n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline, tuple(first_n), fast_law, k_law, table)
                                        for w in range(jobs)]))
     st = status(rec)
     echo(f"[splitk-enum] {n} pairs in {time.time() - t0:.0f}s; {st['pairs_done']}/{st['pairs_total']} pairs done")
@@ -388,13 +467,14 @@ def cli():
 @click.option("--k-law/--no-k-law", default=True, show_default=True,
               help="ask 3 of the 8 K of each 128-wide block (one per alignment class 16, 32, 64+), copy them, "
                    "check every 16th pair at every K (a law measured on the H200)")
-def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, first_n, fast_law, k_law):
+@click.option("--table", default=None, help="an earlier merged table this record continues: its pairs are skipped")
+def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, first_n, fast_law, k_law, table):
     try:
         first = tuple(int(x) for x in first_n.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"must be a comma list of integers (got {first_n!r})", param_hint="--first-n")
     st = run_parallel(rec, default_plan(n_max, k_max, k_step), jobs, seconds, echo=lambda m: click.echo(m, err=True),
-                      first_n=first, fast_law=fast_law, k_law=k_law)
+                      first_n=first, fast_law=fast_law, k_law=k_law, table=table)
     click.echo(json.dumps(st))
 
 
@@ -408,8 +488,9 @@ def status_cmd(rec):
 @click.option("--dir", "rec", required=True)
 @click.option("--out", "out_path", required=True)
 @click.option("--splits-only", is_flag=True, help="keep only the split count of each answer")
-def merge_cmd(rec, out_path, splits_only):
-    click.echo(json.dumps(merge(rec, out_path, splits_only=splits_only)))
+@click.option("--table", default=None, help="the earlier merged table the record continues (its pairs are kept)")
+def merge_cmd(rec, out_path, splits_only, table):
+    click.echo(json.dumps(merge(rec, out_path, splits_only=splits_only, base=table)))
 
 
 if __name__ == "__main__":
