@@ -189,17 +189,25 @@ def test_tally():
                 "native": {"status": native}, "backends": {n: {"status": s} for n, s in statuses.items()}}
 
     entries = [entry(True, True, None, "answered", ref="matched", torch="refused"),
+               entry(True, True, None, "answered", ref="refused", torch="refused"),
                entry(False, True, None, "answered", ref="mismatched", torch="matched"),
                entry(True, False, None, "answered", ref="matched", torch="matched"),
                entry(False, False, "e5m2 x e5m2", "refused", ref="both-refused", torch="answered-refused")]
+    entries[1]["backends"]["ref"]["error"] = {"message": "... with this tile id 486; cpemu's slicing was checked "
+                                                          "against GPU outputs with this tile only up to 1 slices"}
+    entries[1]["backends"]["torch"]["error"] = {"message": "... is not in the profile's recorded tables; ..."}
     t = lp.tally(entries)
-    assert t["all"] == {"calls": 4, "native": {"answered": 3, "refused": 1},
-                        "backends": {"ref": {"matched": 2, "mismatched": 1, "both-refused": 1},
-                                     "torch": {"matched": 2, "refused": 1, "answered-refused": 1}}}
-    assert t["model-like"] == {"calls": 2, "native": {"answered": 2},
-                               "backends": {"ref": {"matched": 2}, "torch": {"matched": 1, "refused": 1}}}
+    assert t["all"] == {"calls": 5, "native": {"answered": 4, "refused": 1},
+                        "backends": {"ref": {"matched": 2, "mismatched": 1, "refused": 1, "both-refused": 1},
+                                     "torch": {"matched": 2, "refused": 2, "answered-refused": 1}},
+                        "refused_why": {"other": 1, "unverified-split": 1}}
+    assert t["model-like"] == {"calls": 3, "native": {"answered": 3},
+                               "backends": {"ref": {"matched": 2, "refused": 1}, "torch": {"matched": 1, "refused": 2}},
+                               "refused_why": {"other": 1, "unverified-split": 1}}
+    assert lp.refusal_reason("x is not in the profile's recorded tables; record") == "unrecorded"
+    assert lp.refusal_reason("cuBLASLt has no algorithm for M=1") == "no-algorithm"
     assert t["random"]["backends"]["ref"] == {"mismatched": 1}
-    assert t["split"]["calls"] == 2 and t["unsplit"]["calls"] == 1
+    assert t["split"]["calls"] == 3 and t["unsplit"]["calls"] == 1
     assert t["outside-profile"]["backends"]["torch"] == {"answered-refused": 1}
     assert lp.failures(entries) == 2
 

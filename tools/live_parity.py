@@ -116,6 +116,16 @@ def classify(name: str, native: dict, want, run) -> dict:
     return out
 
 
+#: why cpemu refused a call, from its message (UnsupportedShape and the entry checks)
+REFUSAL_REASONS = (("unrecorded", "not in the profile's recorded tables"),
+                   ("unverified-split", "checked against GPU outputs with this tile only up to"),
+                   ("no-algorithm", "has no algorithm"), ("outside-domain", "is outside the range"))
+
+
+def refusal_reason(message: str) -> str:
+    return next((name for name, text in REFUSAL_REASONS if text in message), "other")
+
+
 def regions(sig: dict) -> list[str]:
     """The tally regions of a call."""
     if sig.get("outside"):
@@ -133,8 +143,13 @@ def tally(entries: list[dict]) -> dict:
             r["native"][e["native"]["status"]] += 1
             for name, b in e["backends"].items():
                 r["backends"].setdefault(name, Counter())[b["status"]] += 1
+            why = next((refusal_reason(b.get("error", {}).get("message", "")) for b in e["backends"].values()
+                        if b["status"] == "refused"), None)
+            if why is not None:
+                r.setdefault("refused_why", Counter())[why] += 1
     return {reg: {"calls": r["calls"], "native": dict(r["native"]),
-                  "backends": {n: {s: c[s] for s in STATUSES if c[s]} for n, c in r["backends"].items()}}
+                  "backends": {n: {s: c[s] for s in STATUSES if c[s]} for n, c in r["backends"].items()},
+                  **({"refused_why": dict(r["refused_why"])} if "refused_why" in r else {})}
             for reg, r in out.items()}
 
 
