@@ -296,3 +296,20 @@ def test_split_share_draws_inside_the_split_region():
     assert any(s["split_region"] for s in sigs)
     plain = _sigs(60, model_share=0.0, split_share=0.0, outside_share=0.0, max_mac=2 ** 40)
     assert sum(s["split_region"] for s in plain) < sum(s["split_region"] for s in sigs)
+
+
+def test_designed_large_suite():
+    """The large suite: every dimension above 16384 somewhere, Evo 2 40B at M = 32768, every call
+    inside the profile's domain and outside the split region (so the laws alone answer it)."""
+    profile = cpemu.get_profile()
+    sigs = list(lp.designed_calls(profile, 3))
+    assert len(sigs) == len(lp.LARGE_SHAPES) * len(lp.LARGE_OPTIONS) and [s["index"] for s in sigs] == list(range(len(sigs)))
+    for ax in "MNK":
+        assert max(s[ax] for s in sigs) > 16384
+    assert any((s["M"], s["N"], s["K"], s["scaling"]) == (32768, 24576, 8192, "rowwise") for s in sigs)
+    for s in sigs:
+        dom = lp._domain(profile, s["scaling"])
+        assert lp.in_domain(dom, s["M"], s["N"], s["K"]) and not s["split_region"], s
+        assert profile.call(s["M"], s["N"], s["K"], s["a_format"], s["b_format"], s["out_dtype"], s["scaling"],
+                            s["fast_accum"]).plan.splits == 1
+    assert sigs == list(lp.designed_calls(profile, 3))

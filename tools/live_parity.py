@@ -51,7 +51,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cpemu  # noqa: E402
 from parity_calls import (  # noqa: E402,F401  (the calls; the tests reach them here too)
-    FP8, MODEL_NK, TOKEN_RANGES, Operands, _codes, _gauss_table, draw_calls, in_domain, split_region,
+    FP8, LARGE_OPTIONS, LARGE_SHAPES, MODEL_NK, TOKEN_RANGES, Operands, _codes, _domain, _gauss_table,
+    designed_calls, draw_calls, in_domain, split_region,
 )
 
 TOOL, VERSION = "live_parity", 1
@@ -325,8 +326,11 @@ def _backends(spec: str, profile) -> tuple[dict, list]:
               help="torch device of the native calls and the drop-in ('cpu' runs torch's CPU kernel: a dry run).")
 @click.option("--only", default=None,
               help="Comma-separated call indices: run only these of the draw (same seed and options re-run them).")
+@click.option("--designed", type=click.Choice(["large"]), default=None,
+              help="Run a designed suite instead of a random draw: 'large' (shapes above 16384 in each "
+                   "dimension where nothing splits, Evo 2 at M = 32768; tensorwise and rowwise).")
 def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share, split_share, outside_share,
-         max_mac, max_bytes, reference_max_mac, device, only):
+         max_mac, max_bytes, reference_max_mac, device, only, designed):
     """Native torch._scaled_mm against cpemu on fresh random calls; exit 1 on any failure."""
     import torch
 
@@ -339,11 +343,15 @@ def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share,
               "options": {"calls": calls, "seed": seed, "backends": list(runners), "max_seconds": max_seconds,
                           "model_share": model_share, "split_share": split_share,
                           "outside_share": outside_share, "max_mac": max_mac, "max_bytes": max_bytes,
-                          "reference_max_mac": reference_max_mac, "device": device, "only": only},
+                          "reference_max_mac": reference_max_mac, "device": device, "only": only,
+                          "designed": designed},
               "backend_status": st}
     sigs = draw_calls(profile, calls, seed, model_share=model_share, split_share=split_share,
                       outside_share=outside_share, max_mac=max_mac, max_bytes=max_bytes)
     total = calls
+    if designed:
+        sigs = list(designed_calls(profile, seed))
+        total = calls = len(sigs)
     if only:
         try:
             keep = {int(i) for i in only.split(",")}

@@ -169,6 +169,31 @@ def draw_call(rng, profile, index: int, *, model_share: float = 0.5, split_share
     return sig
 
 
+#: shapes above 16384 in each dimension where nothing can split (M * ceil32(N) > 131070, or K <= 5120):
+#: the laws far out, against native outputs (Evo 2 at M = 32768; M, N or K up to 131072)
+LARGE_SHAPES = ((32768, 24576, 8192), (32768, 12288, 4096), (32768, 5760, 1920), (131072, 1024, 256),
+                (65536, 4096, 1024), (16, 106496, 4096), (64, 65536, 2048), (8, 16384, 65536),
+                (256, 4096, 131072), (20000, 20000, 2048), (4096, 53248, 16384))
+#: the options each large shape runs with: (scaling, out dtype, fast accumulation, formats)
+LARGE_OPTIONS = (("tensorwise", "bfloat16", True, ("e4m3", "e4m3")), ("tensorwise", "float32", False, ("e4m3", "e5m2")),
+                 ("rowwise", "bfloat16", True, ("e4m3", "e4m3")))
+
+
+def designed_calls(profile, seed: int, shapes=LARGE_SHAPES, options=LARGE_OPTIONS):
+    """Signatures of every shape x option of a designed suite (gauss data, scales drawn from ``seed``)."""
+    rng = np.random.default_rng(seed)
+    i = 0
+    for M, N, K in shapes:
+        for scaling, out_dtype, fast, (fa, fb) in options:
+            if scaling not in profile.data["modes"]:
+                continue
+            yield {"index": i, "M": M, "N": N, "K": K, "source": "designed-large", "a_format": fa, "b_format": fb,
+                   "out_dtype": out_dtype, "scaling": scaling, "scales": _scales(rng, scaling), "bias": None,
+                   "fast_accum": fast, "data": "gauss", "seed": int(rng.integers(2 ** 63)), "outside": None,
+                   "model_like": True, "split_region": split_region(profile, scaling, M, N, K)}
+            i += 1
+
+
 def draw_calls(profile, calls: int, seed: int, **kw):
     """``calls`` signatures from one seeded generator (the same seed draws the same calls)."""
     rng = np.random.default_rng(seed)
