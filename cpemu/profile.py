@@ -121,7 +121,7 @@ class Profile:
             why = no_algorithm(self.mode(scaling)["split_k"].get("no_algorithm"), M, N, K, fast_accum,
                                bias_dtype is not None)
             if why is not None:
-                raise UnsupportedShape(why)
+                raise UnsupportedShape(why, "maybe-no-algorithm")
             call = Call(M, N, K, FP8_FORMATS[a_format], FP8_FORMATS[b_format], out_dtype, scaling, bias_dtype,
                         bool(fast_accum), plan, self.instruction, Epilogue.from_mode(self.mode(scaling), out_dtype),
                         self.name)

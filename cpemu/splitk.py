@@ -32,7 +32,20 @@ __all__ = ["UnsupportedShape", "SplitKRule", "split_bound", "splits_from_rule", 
 
 
 class UnsupportedShape(ValueError):
-    """The profile cannot say which schedule its GPU library uses for this shape."""
+    """The profile cannot say which schedule its GPU library uses for this shape.
+
+    ``reason`` names the rule that refused it: ``"unrecorded"`` (a split-K count no table
+    holds), ``"unverified-split"`` (a split count not checked against GPU outputs for its tile),
+    ``"no-algorithm"`` (the library has none; torch raises), ``"maybe-no-algorithm"`` (a region
+    where the library has none for most shapes), ``"outside-domain"``, or ``"other"``."""
+
+    REASONS = ("unrecorded", "unverified-split", "no-algorithm", "maybe-no-algorithm", "outside-domain", "other")
+
+    def __init__(self, message: str, reason: str = "other"):
+        super().__init__(message)
+        if reason not in self.REASONS:
+            raise ValueError(f"UnsupportedShape reason must be one of {self.REASONS} (got {reason!r})")
+        self.reason = reason
 
 
 def _ceil_to(n: int, m: int) -> int:
@@ -87,7 +100,8 @@ def _verified(params: dict, config: dict, M: int, N: int, K: int, key: str) -> i
     if s > top:
         raise UnsupportedShape(
             f"cuBLASLt splits K into {s} slices for M={M}, N={N}, K={K} ({key}) with tile id {config.get('tile_id')}; "
-            f"cpemu's slicing was checked against GPU outputs with this tile only up to {top} slices")
+            f"cpemu's slicing was checked against GPU outputs with this tile only up to {top} slices",
+            "unverified-split")
     return s
 
 
@@ -108,9 +122,10 @@ def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, com
         raise UnsupportedShape(
             f"cuBLASLt may split K for M={M}, N={N}, K={K} ({key}): up to {u} slices fit the K and workspace "
             f"bounds, and this shape's split-K count is not in the profile's recorded tables; record it on the "
-            f"GPU with python -m cpemu.recording.splitk_enum (cpemu does not guess)")
+            f"GPU with python -m cpemu.recording.splitk_enum (cpemu does not guess)", "unrecorded")
     if s == "x":
-        raise UnsupportedShape(f"cuBLASLt has no algorithm for M={M}, N={N}, K={K} ({key}); torch raises here")
+        raise UnsupportedShape(f"cuBLASLt has no algorithm for M={M}, N={N}, K={K} ({key}); torch raises here",
+                               "no-algorithm")
     return s
 
 
@@ -141,7 +156,7 @@ class SplitKRule:
                 what = ("for which this profile's split-K choice was recorded" if self.kind == "rule" else
                         "of this profile's stated domain (its schedule is assumed only there)")
                 raise UnsupportedShape(f"{ax}={v} is outside the range {lo}..{hi} {what}; "
-                                       f"the GPU library's schedule there is unknown")
+                                       f"the GPU library's schedule there is unknown", "outside-domain")
         if self.kind == "none":
             return 1
         return splits_from_rule(self.params or {}, M, N, K, fast_accum, combo, self.base_dir)

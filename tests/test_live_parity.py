@@ -193,9 +193,8 @@ def test_tally():
                entry(False, True, None, "answered", ref="mismatched", torch="matched"),
                entry(True, False, None, "answered", ref="matched", torch="matched"),
                entry(False, False, "e5m2 x e5m2", "refused", ref="both-refused", torch="answered-refused")]
-    entries[1]["backends"]["ref"]["error"] = {"message": "... with this tile id 486; cpemu's slicing was checked "
-                                                          "against GPU outputs with this tile only up to 1 slices"}
-    entries[1]["backends"]["torch"]["error"] = {"message": "... is not in the profile's recorded tables; ..."}
+    entries[1]["backends"]["ref"]["error"] = lp._err(cpemu.UnsupportedShape("tile only up to 1 slices", "unverified-split"))
+    entries[1]["backends"]["torch"]["error"] = lp._err(cpemu.UnsupportedShape("not recorded", "unrecorded"))
     t = lp.tally(entries)
     assert t["all"] == {"calls": 5, "native": {"answered": 4, "refused": 1},
                         "backends": {"ref": {"matched": 2, "mismatched": 1, "refused": 1, "both-refused": 1},
@@ -204,8 +203,7 @@ def test_tally():
     assert t["model-like"] == {"calls": 3, "native": {"answered": 3},
                                "backends": {"ref": {"matched": 2, "refused": 1}, "torch": {"matched": 1, "refused": 2}},
                                "refused_why": {"other": 1, "unverified-split": 1}}
-    assert lp.refusal_reason("x is not in the profile's recorded tables; record") == "unrecorded"
-    assert lp.refusal_reason("cuBLASLt has no algorithm for M=1") == "no-algorithm"
+    assert lp._err(ValueError("x")) == {"type": "ValueError", "message": "x"}
     assert t["random"]["backends"]["ref"] == {"mismatched": 1}
     assert t["split"]["calls"] == 3 and t["unsplit"]["calls"] == 1
     assert t["outside-profile"]["backends"]["torch"] == {"answered-refused": 1}

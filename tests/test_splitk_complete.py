@@ -620,3 +620,32 @@ def test_enumerator_continues_a_table(tmp_path):
             assert (some == (cb != NONE)).all() and (a.configs[ca[some]] == b.configs[cb[some]]).all()
     with pytest.raises(Exception, match="in .*first.npz and in the part files"):
         se.merge(first, str(tmp_path / "twice.npz"), base=str(tmp_path / "first.npz"))
+
+
+def test_refusals_name_their_reason():
+    """Each refusal of the split-K rule carries the rule that made it (UnsupportedShape.reason)."""
+    def why(*args, **kw):
+        with pytest.raises(UnsupportedShape) as e:
+            PROFILE.call(*args, **kw)
+        return e.value.reason
+
+    assert why(10, 432, 5184) == "unrecorded"
+    assert why(200000, 16, 16) == "outside-domain"
+    assert why(10, 656, 7856, scaling="rowwise", fast_accum=True, bias_dtype="bfloat16") == "maybe-no-algorithm"
+    table = load_complete(PARAMS["complete_file"])
+    f = table.meta["fields"]
+    ks = table.meta["k0"] + table.meta["k_step"] * np.arange(table.meta["nk"])
+    j = table.combo["e4m3,e4m3,bfloat16,fast"]
+    for p in range(len(table.pairs)):  # the first recorded answer above its tile's verified count
+        col = table.column(p, j)
+        cfg = table.configs[np.where(col == 0xFFFF, 0, col)]
+        over = cfg[:, f.index("splitk_num")] > [PARAMS["verified_splits"].get(str(t), 1) for t in cfg[:, f.index("tile_id")]]
+        over &= col != 0xFFFF
+        if over.any():
+            key = int(table.pairs[p])
+            assert why(key >> 20, key & 0xFFFFF, int(ks[np.argmax(over)])) == "unverified-split"
+            break
+    else:
+        pytest.fail("no unverified split in the table")
+    with pytest.raises(ValueError, match="reason must be one of"):
+        UnsupportedShape("x", "because")

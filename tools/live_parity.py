@@ -86,7 +86,11 @@ def first_difference(want: np.ndarray, got: np.ndarray) -> dict | None:
 
 
 def _err(e: BaseException) -> dict:
-    return {"type": type(e).__name__, "message": " ".join(str(e).split())[:2000]}
+    """The exception as JSON; a refusal of the profile (UnsupportedShape) also names its ``reason``."""
+    out = {"type": type(e).__name__, "message": " ".join(str(e).split())[:2000]}
+    if isinstance(getattr(e, "reason", None), str):
+        out["reason"] = e.reason
+    return out
 
 
 def classify(name: str, native: dict, want, run) -> dict:
@@ -117,16 +121,6 @@ def classify(name: str, native: dict, want, run) -> dict:
     return out
 
 
-#: why cpemu refused a call, from its message (UnsupportedShape and the entry checks)
-REFUSAL_REASONS = (("unrecorded", "not in the profile's recorded tables"),
-                   ("unverified-split", "checked against GPU outputs with this tile only up to"),
-                   ("no-algorithm", "has no algorithm"), ("outside-domain", "is outside the range"))
-
-
-def refusal_reason(message: str) -> str:
-    return next((name for name, text in REFUSAL_REASONS if text in message), "other")
-
-
 def regions(sig: dict) -> list[str]:
     """The tally regions of a call."""
     if sig.get("outside"):
@@ -144,7 +138,7 @@ def tally(entries: list[dict]) -> dict:
             r["native"][e["native"]["status"]] += 1
             for name, b in e["backends"].items():
                 r["backends"].setdefault(name, Counter())[b["status"]] += 1
-            why = next((refusal_reason(b.get("error", {}).get("message", "")) for b in e["backends"].values()
+            why = next((b.get("error", {}).get("reason", "other") for b in e["backends"].values()
                         if b["status"] == "refused"), None)
             if why is not None:
                 r.setdefault("refused_why", Counter())[why] += 1

@@ -1,0 +1,65 @@
+"""tools/splitk_heldout.py without a GPU: the draw, and the judge against stand-in heuristic answers
+(the shipped complete table's own answers where it has them, one unsplit answer elsewhere)."""
+
+import importlib.util
+import os
+
+import numpy as np
+
+import cpemu
+from cpemu.splitk import split_bound
+from cpemu.splitk_complete import lookup
+
+HERE = os.path.dirname(__file__)
+_spec = importlib.util.spec_from_file_location("cpemu_tools_splitk_heldout", os.path.join(HERE, "..", "tools", "splitk_heldout.py"))
+hd = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hd)
+PROFILE = cpemu.get_profile("hopper-h200-torch")
+PARAMS = PROFILE.data["modes"]["tensorwise"]["split_k"]["params"]
+
+
+def _answer(split):
+    return (66, 10, 36, 4, split, 2 if split > 1 else 0, 0, 1, 0, 16)
+
+
+def test_draw_covers_the_domain():
+    items = hd.draw(4000, 1, PROFILE, split_share=0.3)
+    assert items == hd.draw(4000, 1, PROFILE, split_share=0.3) and len(items) == 4000
+    a = np.array(items)
+    assert a[:, 0].max() > 16384 and a[:, 1].max() > 16384 and a[:, 2].max() > 16384
+    assert (a[:, 1] % 16 == 0).all() and (a[:, 2] % 16 == 0).all() and a[:, 0].min() >= 1
+    split = [split_bound(PARAMS["bound"], M, N, K) >= 2 for M, N, K, _ in items]
+    assert 0.3 < np.mean(split) < 0.6
+
+
+def test_judge():
+    c = {"a_dtype": "e4m3", "b_dtype": "e4m3", "out_dtype": "bfloat16", "fast_accum": True, "bias": False,
+         "scale_mode": "tensorwise"}
+    assert hd.judge(PROFILE, 64, 4096, 4096, c, _answer(1)) == ("agree", None)
+    verdict, detail = hd.judge(PROFILE, 64, 4096, 4096, c, _answer(2))
+    assert verdict == "disagree" and "splits into 2" in detail
+    assert hd.judge(PROFILE, 64, 4096, 4096, c, None)[0] == "disagree"  # the profile answers where torch raises
+    # a recorded split pair: the complete table's answer agrees, another split count does not
+    M, N, K = 1, 1536, 7168
+    cfg = lookup(PARAMS["complete_file"], None, M, N, K, "e4m3,e4m3,bfloat16,fast")
+    s = cfg["splitk_num"]
+    assert s >= 2 and hd.judge(PROFILE, M, N, K, c, _answer(s)) == ("agree", None)
+    assert hd.judge(PROFILE, M, N, K, c, _answer(s + 1))[0] == "disagree"
+    # an unrecorded split pair is refused, named
+    assert hd.judge(PROFILE, 10, 432, 5184, c, _answer(2)) == ("refused", "unrecorded")
+
+
+def test_check_counts_and_exit_rows():
+    items = hd.draw(300, 2, PROFILE, split_share=0.3)
+
+    def ask(M, N, K, c):
+        if split_bound(PARAMS["bound"], M, N, K) < 2:
+            return _answer(1)
+        key = f"{c['a_dtype']},{c['b_dtype']},{c['out_dtype']},{'fast' if c['fast_accum'] else 'promo'}"
+        cfg = lookup(PARAMS["complete_file"], None, M, N, K, key) if c["scale_mode"] == "tensorwise" else None
+        return _answer(1 if c["scale_mode"] == "rowwise" else 2) if not isinstance(cfg, dict) else _answer(cfg["splitk_num"])
+
+    res = hd.merge_results([hd.check(items[:150], ask, PROFILE), hd.check(items[150:], ask, PROFILE)])
+    assert sum(res["total"].values()) == 300 and res["total"].get("agree", 0) > 150
+    assert not any(d["K"] <= 5120 for d in res["disagreements"])
+    assert all(k == "agree" or k.startswith("refused:") or k == "disagree" for k in res["total"])
