@@ -87,10 +87,9 @@ def check(items, ask, profile) -> dict:
 
 
 def _worker(args):
-    items, profile_name = args
-    from cpemu.recording.splitk_query import LeanQuerier, probe_workspace
+    items, profile_name, ws = args
+    from cpemu.recording.splitk_query import LeanQuerier
 
-    ws, _ = probe_workspace()
     q = LeanQuerier(ws)
     return check(items, q.ask, cpemu.get_profile(profile_name))
 
@@ -124,12 +123,12 @@ def main(n, seed, split_share, jobs, profile_name, out_path):
 
     profile = cpemu.get_profile(profile_name)
     items = draw(n, seed, profile, split_share)
+    ws, src = probe_workspace()
     t0 = time.time()
     with mp.get_context("spawn").Pool(jobs) as pool:
-        parts = pool.map(_worker, [(items[w::jobs], profile_name) for w in range(jobs)])
+        parts = pool.map(_worker, [(items[w::jobs], profile_name, ws) for w in range(jobs)])
     doc = merge_results(parts)
     rt = ch.Runtime()
-    ws, src = probe_workspace()
     doc.update(shapes=n, seed=seed, split_share=split_share, profile=profile_name, seconds=round(time.time() - t0, 1),
                date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), workspace_bytes=ws, workspace_source=src,
                runtime=runtime_info(rt))
