@@ -620,6 +620,10 @@ def test_enumerator_continues_a_table(tmp_path):
             assert (some == (cb != NONE)).all() and (a.configs[ca[some]] == b.configs[cb[some]]).all()
     with pytest.raises(Exception, match="in .*first.npz and in the part files"):
         se.merge(first, str(tmp_path / "twice.npz"), base=str(tmp_path / "first.npz"))
+    other = str(tmp_path / "other")
+    se._start(other, se.default_plan(n_max=64, k_max=6528, k_step=16, bound=plan["bound"]))
+    with pytest.raises(Exception, match="is a table of another plan"):
+        se.merge(other, str(tmp_path / "x.npz"), base=str(tmp_path / "first.npz"))
 
 
 def test_refusals_name_their_reason():

@@ -343,6 +343,16 @@ def base_table(path: str | None):
     return load_complete(os.path.basename(path), os.path.dirname(os.path.abspath(path)))
 
 
+def _same_plan(table, plan: dict, path: str) -> None:
+    """Refuse a table recorded under another plan than the record's."""
+    keys = [combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"]) for c in plan["combos"]]
+    same = {k: table.meta[k] for k in ("k0", "k_step", "nk", "combos", "bound", "n_max")}
+    want = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
+            "bound": plan["bound"], "n_max": plan["n_max"]}
+    if same != want:
+        raise click.ClickException(f"{path} is a table of another plan ({same}); the record's plan is {want}")
+
+
 def _base_violated(table, law: str) -> bool:
     return bool(table is not None and table.meta.get("fast_law" if law == "fast" else "k_law", {}).get("violated"))
 
@@ -365,11 +375,7 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
     counts = {"fast": {"derived": 0, "checked": 0}, "k": {"derived": 0, "checked": 0}}
     if old is not None:
         m = old.meta
-        same = {k: m[k] for k in ("k0", "k_step", "nk", "combos", "bound", "n_max")}
-        want = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
-                "bound": plan["bound"], "n_max": plan["n_max"]}
-        if same != want:
-            raise click.ClickException(f"{base} is a table of another plan ({same}); the record's plan is {want}")
+        _same_plan(old, plan, base)
         _table_pairs(old, fields, configs, index, pairs, marks)
         for law, name in (("fast", "fast_law"), ("k", "k_law")):
             for k in counts[law]:
@@ -432,6 +438,9 @@ def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_byte
     from .splitk_query import probe_workspace
 
     _start(rec, plan)
+    old = base_table(table)
+    if old is not None:
+        _same_plan(old, plan, table)
     if workspace_bytes is None:
         workspace_bytes, src = probe_workspace()
         echo(f"[splitk-enum] workspace {workspace_bytes} bytes ({src})")
@@ -444,7 +453,10 @@ def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_byte
         n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline, tuple(first_n), fast_law, k_law, table)
                                        for w in range(jobs)]))
     st = status(rec)
-    echo(f"[splitk-enum] {n} pairs in {time.time() - t0:.0f}s; {st['pairs_done']}/{st['pairs_total']} pairs done")
+    if old is not None:
+        st["pairs_in_table"] = len(old.pairs)
+    echo(f"[splitk-enum] {n} pairs in {time.time() - t0:.0f}s; {st['pairs_done']} in the part files"
+         + (f" and {len(old.pairs)} in the table" if old is not None else "") + f", of {st['pairs_total']}")
     return st
 
 
