@@ -28,7 +28,8 @@ accumulation changed no answer of the split region in any measurement (see
 :data:`FAST_LAW_M_MAX`), so such a pair asks only the fast-accumulation combinations and copies
 their answers to the others; every :data:`FAST_LAW_CHECK_EVERY`-th such pair is still asked in
 full and compared. A difference is written as a ``violation`` line, the asked answers stand, and
-no worker uses the law again on that record.
+no worker uses the law again on that record; the pairs it derived before are left out of the merge
+and asked again.
 
 The K law (``run --k-law``, also that command's default, and also measured on the H200): the
 answer depends on K only through ``ceil(K / 128)`` and K's alignment ``min(K & -K, 64)``, so of
@@ -187,6 +188,29 @@ def law_violated(rec: str, law: str = "fast") -> bool:
     return False
 
 
+def _broken(rec: str) -> list:
+    return [law for law in ("fast", "k") if law_violated(rec, law)]
+
+
+def _derived_under(path: str, broken: list) -> set:
+    """The pairs of one part file whose answers were derived under one of the ``broken`` laws."""
+    if not broken:
+        return set()
+    return {mn for mn, m in read_marks(path).items() if any(m[law] == "derived" for law in broken)}
+
+
+def untrusted(rec: str) -> set:
+    """The pairs of ``rec``'s part files whose only answers were derived under a law that a check
+    has since broken: they are left out of the merge and asked again."""
+    broken = _broken(rec)
+    bad, good = set(), set()
+    for path in _parts(rec):
+        d = _derived_under(path, broken)
+        bad |= d
+        good |= set(read_marks(path)) - d
+    return bad - good
+
+
 def _law_check_pair(M: int, N: int) -> bool:
     return (M + N // 16) % FAST_LAW_CHECK_EVERY == 0
 
@@ -210,6 +234,8 @@ def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max
     for other in _parts(rec):  # pairs finished by any other worker (another order or number of workers)
         if other != path:
             done.update(read_part(other)[1])
+    for mn in untrusted(rec):  # derived under a law that a later check broke: asked again
+        done.pop(mn, None)
     done.update(dict.fromkeys(skip))
     ids = {c: i for i, c in configs.items()}
     ks = k_grid(plan)
@@ -323,8 +349,11 @@ def _table_pairs(table, fields, configs, index, pairs, marks):
             configs.append(cfg)
         to_global[i] = index[cfg]
     keys = table.meta["combos"]
+    keep = trusted(table)
     for p, key in enumerate(table.pairs.tolist()):
         mn = (key >> 20, key & 0xFFFFF)
+        if not keep[p]:
+            continue
         runs = {}
         for k in keys:
             col = table.column(p, table.combo[k])
@@ -341,6 +370,18 @@ def base_table(path: str | None):
     from ..splitk_complete import load_complete
 
     return load_complete(os.path.basename(path), os.path.dirname(os.path.abspath(path)))
+
+
+def trusted(table) -> np.ndarray:
+    """Per pair of an earlier table: False where its answers were derived under a law the table
+    says was broken (left out of a merge, asked again)."""
+    from ..splitk_complete import MARK_DERIVED
+
+    keep = np.ones(len(table.pairs), bool)
+    for law in ("fast", "k"):
+        if _base_violated(table, law):
+            keep &= table.marks[law] != MARK_DERIVED
+    return keep
 
 
 def _same_plan(table, plan: dict, path: str) -> None:
@@ -381,7 +422,9 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
             for k in counts[law]:
                 counts[law][k] += int(m.get(name, {}).get(k, 0))
     from_base = set(pairs)
+    broken = _broken(rec)
     for path in _parts(rec):
+        drop = _derived_under(path, broken)
         local, done = read_part(path)
         to_global = {-1: NONE}
         for i, cfg in local.items():
@@ -391,10 +434,12 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
                 configs.append(cfg)
             to_global[i] = index[cfg]
         for mn, runs in done.items():
+            if mn in drop:
+                continue
             if mn in from_base:
                 raise click.ClickException(f"pair {mn} is in {base} and in the part files of {rec}")
             pairs[mn] = {k: [to_global[v] if i % 2 else v for i, v in enumerate(r)] for k, r in zip(keys, runs)}
-        marks.update(read_marks(path))
+        marks.update({mn: m for mn, m in read_marks(path).items() if mn not in drop})
     law = {name: dict({k: counts[short][k] + v for k, v in _law_counts(rec, short).items() if k in counts[short]},
                       violated=_law_counts(rec, short)["violated"] or _base_violated(old, short))
            for short, name in (("fast", "fast_law"), ("k", "k_law"))}
@@ -426,7 +471,7 @@ def _gpu_worker(args):
     from .splitk_query import LeanQuerier
 
     old = base_table(table)
-    skip = frozenset() if old is None else frozenset((k >> 20, k & 0xFFFFF) for k in old.pairs.tolist())
+    skip = frozenset() if old is None else frozenset((k >> 20, k & 0xFFFFF) for k in old.pairs[trusted(old)].tolist())
     q = LeanQuerier(ws)
     return run_worker(rec, w, W, q.ask, deadline, first_n=first_n, fast_law=fast_law and not _base_violated(old, "fast"),
                       k_law=k_law and not _base_violated(old, "k"), skip=skip)
