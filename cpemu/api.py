@@ -96,7 +96,7 @@ def _check_device_operand(x, name: str, fmt_name, k_major: bool):
 
 
 def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, out_dtype="bfloat16",
-         fast_accum=True, backend="auto", a_format=None, b_format=None, progress=False):
+         fast_accum=True, backend="auto", a_format=None, b_format=None, progress=False, split_k=None):
     """``out = (a @ b) * scale_a * scale_b (+ bias)`` with the bits of the profile's GPU.
 
     ``a``: (M, K) and ``b``: (K, N) numpy arrays of ml_dtypes ``float8_e4m3fn`` /
@@ -110,7 +110,11 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
     ``use_fast_accum``. ``backend``: "auto" (the fastest validated one, see
     :mod:`cpemu.backends`) or a name. ``progress``: True draws a line with the share done and
     an estimate of the time left on stderr, for work that runs over a second on the CPU and
-    only when stderr is a terminal (:class:`cpemu.progress.Progress`).
+    only when stderr is a terminal (:class:`cpemu.progress.Progress`). ``split_k``: None (the
+    profile decides) or the number of split-K slices the library uses, as cuBLASLt's
+    ``CUBLASLT_ALGO_CONFIG_SPLITK_NUM``: the caller's statement, in place of the profile's split-K
+    tables (for a kernel author's chosen schedule, or a shape the profile does not record);
+    1 <= split_k <= ceil(K / 128) (the profile's K tile).
 
     Returns, for numpy inputs, a C-contiguous numpy array of ``out_dtype`` whose bytes equal
     torch._scaled_mm's output on the profile's GPU; for cupy inputs a cupy array on the
@@ -128,10 +132,16 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
         _fail("fast_accum", "must be a bool", type(fast_accum).__name__)
     if not isinstance(progress, (bool, np.bool_)):
         _fail("progress", "must be a bool", type(progress).__name__)
+
     scale_a, scale_b, bias = _host_arguments(scale_a, scale_b, bias)
     sa, sb, scaling = _scaling(_check_scale(scale_a, "scale_a"), _check_scale(scale_b, "scale_b"), M, N)
     sa, sb = np.asarray(sa, dtype=np.float32), np.asarray(sb, dtype=np.float32)
     bias_f32, bias_dtype = _check_bias(bias, N)
+    if split_k is not None:
+        g = prof.split_rule(scaling).granularity
+        top = max(1, -(-K // g))
+        if isinstance(split_k, (bool, np.bool_)) or not isinstance(split_k, (int, np.integer)) or not 1 <= split_k <= top:
+            _fail("split_k", f"must be None or an integer from 1 to ceil(K / {g}) = {top}", repr(split_k))
     if backend != "auto" and backend not in backends.LADDER:
         _fail("backend", f"must be 'auto' or one of {backends.LADDER}", repr(backend))
     if M == 0:  # torch returns an empty (0, N) result
@@ -141,7 +151,8 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
         y = np.empty((0, N), dtype=OUT_DTYPES[out_dtype])
         return __import__("cupy").asarray(y.view(np.float32 if out_dtype == "float32" else np.uint16)) \
             if on_gpu else y
-    call = prof.call(M, N, K, fa.name, fb.name, out_dtype, scaling, bool(fast_accum), bias_dtype)
+    call = prof.call(M, N, K, fa.name, fb.name, out_dtype, scaling, bool(fast_accum), bias_dtype,
+                     None if split_k is None else int(split_k))
     if not on_gpu:
         # views, never copies: the reference reads any strides, a device backend gets contiguous copies
         ops = Operands(a.view(np.uint8), b.T.view(np.uint8), sa, sb, bias_f32)

@@ -106,22 +106,31 @@ class Profile:
 
     def call(self, M: int, N: int, K: int, a_format: str = "e4m3", b_format: str = "e4m3",
              out_dtype: str = "bfloat16", scaling: str = "tensorwise", fast_accum: bool = True,
-             bias_dtype: str | None = None) -> Call:
+             bias_dtype: str | None = None, split_k: int | None = None) -> Call:
         """The :class:`~cpemu.call.Call` of one call signature: the profile's features checked
         (:meth:`check_features`), its plan (:meth:`plan`), instruction model and epilogue.
 
         Built once per signature and cached; a call the profile refuses raises every time
         (:class:`ProfileFeatureError`, :class:`~cpemu.schedule.UnsupportedShape`). M >= 1: an
-        empty call (M = 0) has no schedule; its entry returns the empty result itself."""
-        key = ("call", M, N, K, a_format, b_format, out_dtype, scaling, bool(fast_accum), bias_dtype)
+        empty call (M = 0) has no schedule; its entry returns the empty result itself.
+
+        ``split_k``: the caller's statement of the library's split count (cuBLASLt's
+        ``SPLITK_NUM``) in place of the profile's split-K rule and tables; the slicing, the
+        chains and the reduction stay the profile's."""
+        key = ("call", M, N, K, a_format, b_format, out_dtype, scaling, bool(fast_accum), bias_dtype, split_k)
         call = self._memo.get(key)
         if call is None:
             self.check_features(a_format, b_format, out_dtype, scaling, bias_dtype)
-            plan = self.plan(M, N, K, fast_accum, scaling, a_format, b_format, out_dtype)
-            why = no_algorithm(self.mode(scaling)["split_k"].get("no_algorithm"), M, N, K, fast_accum,
-                               bias_dtype is not None)
-            if why is not None:
-                raise UnsupportedShape(why, "maybe-no-algorithm")
+            if split_k is None:
+                plan = self.plan(M, N, K, fast_accum, scaling, a_format, b_format, out_dtype)
+                why = no_algorithm(self.mode(scaling)["split_k"].get("no_algorithm"), M, N, K, fast_accum,
+                                   bias_dtype is not None)
+                if why is not None:
+                    raise UnsupportedShape(why, "maybe-no-algorithm")
+            else:
+                mode, rule = self.mode(scaling), self.split_rule(scaling)
+                plan = Plan(slices=slices_for(K, int(split_k), rule.granularity),
+                            promotion=None if fast_accum else int(mode["promotion_interval"]))
             call = Call(M, N, K, FP8_FORMATS[a_format], FP8_FORMATS[b_format], out_dtype, scaling, bias_dtype,
                         bool(fast_accum), plan, self.instruction, Epilogue.from_mode(self.mode(scaling), out_dtype),
                         self.name)
