@@ -21,6 +21,13 @@
 :func:`step` does exactly that, on exact integers in units of ``2**g``, and asserts each claim
 (the binade after every product, the byte range of the count's sums, the count's flag against
 the definition of truncation). NaN and Inf terms are finished by the reference's own rule.
+
+``step(..., parts=P)`` is the same step with its products split over P accumulators, as P
+threads of a warp would share one output (a design for small M, where the outputs alone give
+too few threads): part t takes the products k = t, t + P, ...; part 0 starts at ``B + trunc(c)``,
+the others at ``B``; each adds its products and its own count, and ``S = sum_t (X_t - B)``.
+Every ``X_t - B`` is an integer below 2**22 units, so the FP32 sum of the parts (in any order) is
+exact and equals the one-accumulator S. The twin asserts both claims.
 """
 
 from __future__ import annotations
@@ -72,9 +79,10 @@ def _c_exp(c: np.ndarray) -> np.ndarray:
 
 
 def step(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: FP8Format, fb: FP8Format,
-         model: InstructionModel) -> np.ndarray:
+         model: InstructionModel, parts: int = 1) -> np.ndarray:
     """One step: ``c`` (Mb, Nb) float32, ``a_codes`` (Mb, Lk), ``b_codes`` (Nb, Lk) uint8,
-    ``Lk <= model.L``. Returns the (Mb, Nb) float32 result, bit for bit ``reference.tfdpa``'s."""
+    ``Lk <= model.L``. Returns the (Mb, Nb) float32 result, bit for bit ``reference.tfdpa``'s.
+    ``parts``: the products split over that many accumulators (module docstring)."""
     F, R = model.F, model.result_fraction_bits
     assert F <= MAX_F and model.L <= 32, "the binade holds the step's sum for F <= 14, L <= 32"
     va, na, sa, la, nza = (t[a_codes] for t in code_tables(fa))
@@ -90,15 +98,17 @@ def step(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: FP8Format,
     # the kernel truncates c as RZ(c + Cs) - Cs, Cs = +-2**(g + 23) of c's sign: exact (one binade, ulp 2**g)
     # because |c| < 2**(e_max + 1) <= 2**(g + 23)
     assert (np.abs(c_ok.astype(np.float64)) < np.exp2((g + 23).astype(np.float64))).all(), "c's truncation is exact"
-    X = base + np.trunc(c_ok.astype(np.float64) / unit).astype(np.int64)
-    assert ((X >= 1 << 23) & (X < 1 << 24)).all(), "X + trunc(c) in the binade"
+    X0 = base + np.trunc(c_ok.astype(np.float64) / unit).astype(np.int64)
+    assert ((X0 >= 1 << 23) & (X0 < 1 << 24)).all(), "X + trunc(c) in the binade"
+    Xs = [X0] + [np.full_like(X0, base) for _ in range(parts - 1)]  # part t's accumulator
     T = count_threshold(g, fa, fb)
-    cnt = np.zeros_like(X)
+    cnts = [np.zeros_like(X0) for _ in range(parts)]
     for k in range(a_codes.shape[1]):
+        t = k % parts
         p = va[:, None, k] * vb[None, :, k]  # exact: two 4-bit significands
         q = p / unit
-        X = X + np.floor(q).astype(np.int64)
-        assert ((X >= 1 << 23) & (X < 1 << 24)).all(), "X stays in its binade"
+        Xs[t] = Xs[t] + np.floor(q).astype(np.int64)
+        assert ((Xs[t] >= 1 << 23) & (Xs[t] < 1 << 24)).all(), "X stays in its binade"
         x = na[:, None, k] + nb[None, :, k] + T
         assert ((x >= 0) & (x <= 255)).all(), "no carry between the count's bytes"
         flag = ((x >> 7) & 1) & (sa[:, None, k] ^ sb[None, :, k])
@@ -106,10 +116,14 @@ def step(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: FP8Format,
         lossy = nza[:, None, k] & nzb[None, :, k] & (la[:, None, k] + lb[None, :, k] < g)
         assert (flag.astype(bool) == want).all(), "the count flags the negative products that lose bits"
         assert (lossy & (p < 0) == want).all(), "losing bits is lambda_a + lambda_b < g"
-        cnt += flag
-    X = X + cnt  # added to X's bit pattern: one ulp (2**g) each, inside the binade, so X - B is exact
-    assert ((X >= 1 << 23) & (X < 1 << 24)).all(), "X plus the count stays in its binade"
-    S = X - base
+        cnts[t] += flag
+    S = np.zeros_like(X0)
+    for X, cnt in zip(Xs, cnts):
+        X = X + cnt  # added to X's bit pattern: one ulp (2**g) each, inside the binade, so X - B is exact
+        assert ((X >= 1 << 23) & (X < 1 << 24)).all(), "X plus the count stays in its binade"
+        assert (np.abs(X - base) < 1 << 22).all(), "each part's X - B is exact in FP32, and so is their sum"
+        S = S + (X - base)
+    assert (np.abs(S) < 1 << 22).all(), "the parts' FP32 sum is exact (any order)"
     out = (S.astype(np.float64) * unit).astype(np.float32)  # exact: |S| < 2**22
     bits = out.view(np.uint32) & np.uint32((0xFFFFFFFF << (23 - R)) & 0xFFFFFFFF)
     out = bits.view(np.float32) + np.float32(0.0)
