@@ -87,10 +87,21 @@ typedef unsigned long long cpt_u64;
 #ifndef CPT_EMAX_UNROLL
 #define CPT_EMAX_UNROLL 2  // unrolling of pass 1's bf16 loop, in pairs of K elements
 #endif
+#ifndef CPT_KPARTS
+#define CPT_KPARTS 1  // threads per output (cuda-rzacc): a step's products split over them (small M)
+#endif
+#if CPT_KPARTS > 1
+// CPT_KPARTS adjacent lanes share their outputs; lane part p takes the products of the step's
+// 4-code words p, p + CPT_KPARTS, ... (pass 1 likewise its 2-code words, or codes), and the parts
+// meet by warp shuffles: e_max by max, the step's sum as exact FP32 adds of X_t - B
+// (cpemu.rzacc_twin.step(parts=...) asserts why they are exact). Part 0 folds and writes.
+static_assert(CPT_RZACC && (CPT_KPARTS == 2 || CPT_KPARTS == 4), "CPT_KPARTS: 2 or 4, cuda-rzacc only");
+#define CPT_PART ((int)(threadIdx.x % CPT_KPARTS))
+#endif
 #define CPT_PRAGMA_(x) _Pragma(#x)
 #define CPT_UNROLL(n) CPT_PRAGMA_(unroll n)
 #define CPT_KT 32  // K elements per shared-memory stage: the largest L
-#define CPT_THREADS ((CPT_BM / CPT_TM) * (CPT_BN / CPT_TN))
+#define CPT_THREADS ((CPT_BM / CPT_TM) * (CPT_BN / CPT_TN) * CPT_KPARTS)
 #define CPT_CHUNKS(rows) ((rows) * CPT_KT / 8)  // 8-byte chunks of codes per operand stage
 // chunks per thread (a thread past the last chunk loads none: CPT_HAS_CHUNK)
 #define CPT_LOADS(rows) ((CPT_CHUNKS(rows) + CPT_THREADS - 1) / CPT_THREADS)
@@ -301,7 +312,12 @@ __device__ __forceinline__ void cpt_store(CptTile<R>& t, const uint2 (&raw)[CPT_
 __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
     extern __shared__ __align__(16) unsigned char cpt_smem[];
     CptShared& sh = *reinterpret_cast<CptShared*>(cpt_smem);
+#if CPT_KPARTS > 1
+    const int owner = (int)threadIdx.x / CPT_KPARTS;  // the outputs' thread; CPT_PART: its part
+    const int tx = owner % (CPT_BN / CPT_TN), ty = owner / (CPT_BN / CPT_TN);
+#else
     const int tx = threadIdx.x % (CPT_BN / CPT_TN), ty = threadIdx.x / (CPT_BN / CPT_TN);
+#endif
     const int m0 = blockIdx.y * CPT_BM, n0 = blockIdx.x * CPT_BN;
     const int fast = F <= 16;
     const int bf_emax = fast && a_fmt == 0 && b_fmt == 0;  // pass 1 by cpt_emax_bf16
@@ -436,6 +452,9 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
                 for (int j = 0; j < CPT_TN; ++j) {
                     const int gm = m0 + ty * CPT_TM + i, gn = n0 + tx * CPT_TN + j;
                     if (gm >= M || gn >= N) continue;
+#if CPT_KPARTS > 1
+                    if (CPT_PART != 0) continue;  // part 0 folds; the others take its result below
+#endif
                     const cpt_i64 idx = (cpt_i64)gm * N + gn;
                     float pv = acc[i][j];
                     if (!one_chain) {
@@ -448,12 +467,23 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
                     }
                     acc[i][j] = pv;  // the value that stands when this was the last fold
                 }
+#if CPT_KPARTS > 1
+            // the other parts take part 0's folded accumulators (they read no ws)
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT_TN; ++j)
+                    acc[i][j] = __shfl_sync(0xFFFFFFFFu, acc[i][j], (int)(threadIdx.x & 31u) & ~(CPT_KPARTS - 1));
+#endif
         }
         if (!more) break;
         cur = next;
     }
 
     // ---- epilogue (acc holds the FP32 accumulator of the whole GEMM)
+#if CPT_KPARTS > 1
+    if (CPT_PART != 0) return;  // part 0 writes the outputs
+#endif
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i) {
         const int gm = m0 + ty * CPT_TM + i;

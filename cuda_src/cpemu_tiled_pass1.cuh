@@ -48,6 +48,18 @@ __device__ __forceinline__ cpt_u32 cpt_bf16x2_fma(cpt_u32 a, cpt_u32 b, cpt_u32 
     return r;
 }
 
+#if CPT_KPARTS > 1
+// e_max over the parts of one output: the max across its CPT_KPARTS lanes
+__device__ __forceinline__ void cpt_parts_max(int (&em)[CPT_TM][CPT_TN]) {
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j)
+#pragma unroll
+            for (int d = 1; d < CPT_KPARTS; d <<= 1) em[i][j] = max(em[i][j], __shfl_xor_sync(0xFFFFFFFFu, em[i][j], d));
+}
+#endif
+
 // Pass 1 for e4m3 x e4m3, on the FP pipe (the integer pipe is the busy one): e_max of the
 // products is read off X = sum over the step's products of 2**(8 (E - 2)) = 2**(8 (e_a - 1)) *
 // 2**(8 (e_b - 1)), summed in bf16 (two lanes: even and odd k). Every term is an exact power of
@@ -63,8 +75,12 @@ __device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
         for (int j = 0; j < CPT_TN; ++j) X[i][j] = 0u;
+#if CPT_KPARTS > 1
+    for (int q = CPT_PART; q < klen / 2; q += CPT_KPARTS) {
+#else
 CPT_UNROLL(CPT_EMAX_UNROLL)
     for (int q = 0; q < klen / 2; ++q) {
+#endif
         cpt_u32 xa[CPT_TM], xb[CPT_TN];
         cpt_load_words(&sh.a.x2[q][ty * CPT_TM], xa);
         cpt_load_words(&sh.b.x2[q][tx * CPT_TN], xb);
@@ -83,6 +99,9 @@ CPT_UNROLL(CPT_EMAX_UNROLL)
             const int e = mx ? (int)(((mx >> 7) + 1u) >> 3) - 14 : CPT_SENT;
             em[i][j] = max(cpt_c_exp(acc[i][j]), e);
         }
+#if CPT_KPARTS > 1
+    cpt_parts_max(em);
+#endif
 }
 
 // Pass 1: em[i][j] = max(e_max of the products, exponent of c) for the thread's outputs.
@@ -101,7 +120,11 @@ __device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int
                        ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q]) << 16);
         }
 #pragma unroll 1
+#if CPT_KPARTS > 1
+    for (int kk = CPT_PART; kk < klen; kk += CPT_KPARTS) {
+#else
     for (int kk = 0; kk < klen; ++kk) {
+#endif
         cpt_u32 a2[CPT_TM / 2], b2[CPT_TN / 2], bs[CPT_TN / 2];
 #pragma unroll
         for (int p = 0; p < CPT_TM / 2; ++p) a2[p] = *(const cpt_u32*)&sh.a.e[kk][ty * CPT_TM + 2 * p];
@@ -127,13 +150,20 @@ __device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int
             em[2 * p][2 * q + 1] = (int)(short)(m1[p][q] & 0xFFFFu);
             em[2 * p + 1][2 * q] = (int)m1[p][q] >> 16;
         }
+#if CPT_KPARTS > 1
+    cpt_parts_max(em);
+#endif
 #else
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
         for (int j = 0; j < CPT_TN; ++j) em[i][j] = cpt_c_exp(acc[i][j]);
 #pragma unroll 1
+#if CPT_KPARTS > 1
+    for (int kk = CPT_PART; kk < klen; kk += CPT_KPARTS) {
+#else
     for (int kk = 0; kk < klen; ++kk) {
+#endif
         int ea[CPT_TM], eb[CPT_TN];
 #pragma unroll
         for (int i = 0; i < CPT_TM; ++i) ea[i] = sh.a.e[kk][ty * CPT_TM + i];
@@ -144,5 +174,8 @@ __device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int
 #pragma unroll
             for (int j = 0; j < CPT_TN; ++j) em[i][j] = max(em[i][j], ea[i] + eb[j]);
     }
+#if CPT_KPARTS > 1
+    cpt_parts_max(em);
+#endif
 #endif
 }

@@ -58,12 +58,20 @@ __device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx
             // c truncated toward zero to the grid 2**g: RZ(c + Cs) - Cs, Cs = +-2**(g+23) of c's sign
             const float Cs = __uint_as_float(Cb | (__float_as_uint(acc[i][j]) & 0x80000000u));
             const float ct = cpemu_fsub_rn(cpemu_fadd_rz(acc[i][j], Cs), Cs);
+#if CPT_KPARTS > 1
+            X[i][j] = cpemu_fadd_rn(__uint_as_float(Cb | 0x400000u), CPT_PART == 0 ? ct : 0.0f);  // c in part 0 only
+#else
             X[i][j] = cpemu_fadd_rn(__uint_as_float(Cb | 0x400000u), ct);  // exact: both on the grid, in the binade
+#endif
             T4[i][j] = (cpt_u32)(min(max(g - 1 - lmin, -1), 62) + 2) * 0x01010101u;
             cnt[i][j] = 0u;
         }
+#if CPT_KPARTS > 1
+    for (int kk = 4 * CPT_PART; kk < klen; kk += 4 * CPT_KPARTS) {  // this part's 4-code words
+#else
 CPT_UNROLL(CPT_SUM_UNROLL)
     for (int kk = 0; kk < klen; kk += 4) {  // klen is a multiple of 8
+#endif
         float va[4][CPT_TM], vb[4][CPT_TN];
         cpt_u32 la[CPT_TM], lb[CPT_TN], sa[CPT_TM], sb[CPT_TN];
 #pragma unroll
@@ -95,7 +103,14 @@ CPT_UNROLL(CPT_SUM_UNROLL)
         for (int j = 0; j < CPT_TN; ++j) {
             const cpt_u32 Bb = ((cpt_u32)(em[i][j] - F + 150) << 23) | 0x400000u;
             const float Xc = __uint_as_float(__float_as_uint(X[i][j]) + (cnt[i][j] >> 7));
+#if CPT_KPARTS > 1
+            float D = cpemu_fsub_rn(Xc, __uint_as_float(Bb));  // exact: this part's sum in units of 2**g
+#pragma unroll
+            for (int d = 1; d < CPT_KPARTS; d <<= 1) D = cpemu_fadd_rn(D, __shfl_xor_sync(0xFFFFFFFFu, D, d));  // exact
+            out[i][j] = __uint_as_float(__float_as_uint(D) & rmask);
+#else
             out[i][j] = __uint_as_float(__float_as_uint(cpemu_fsub_rn(Xc, __uint_as_float(Bb))) & rmask);
+#endif
         }
 }
 #else

@@ -56,6 +56,9 @@ if cp is not None:
 #: a tuning build of the tiled kernel under test: ``CPEMU_TEST_TILED_DEFINES="NAME=VALUE ..."``
 #: compiles cuda-tiled from cuda_src with those -D options (kernels.gemm_cuda's ``defines``)
 TILED_DEFINES = tuple(os.environ.get("CPEMU_TEST_TILED_DEFINES", "").split())
+#: likewise for cuda-rzacc (``CPEMU_TEST_RZACC_DEFINES``, e.g. a step's products over four threads at small M:
+#: ``CPT_KPARTS=4 CPT_MINBLOCKS=2``)
+RZACC_DEFINES = tuple(os.environ.get("CPEMU_TEST_RZACC_DEFINES", "").split())
 #: likewise for cuda-simple (``CPEMU_TEST_SIMPLE_DEFINES``, e.g. the staged kernel's one-output-per-thread
 #: build: ``CPS_TN=1``)
 SIMPLE_DEFINES = tuple(os.environ.get("CPEMU_TEST_SIMPLE_DEFINES", "").split())
@@ -83,6 +86,8 @@ def gemm_cuda(*args, **kw):
         kw.setdefault("defines", TILED_DEFINES)
     if name == "cuda-simple" and SIMPLE_DEFINES:
         kw.setdefault("defines", SIMPLE_DEFINES)
+    if name == "cuda-rzacc" and RZACC_DEFINES:
+        kw.setdefault("defines", RZACC_DEFINES)
     return _gemm_cuda(name, *(args if by_name else args[1:]), **kw)
 
 TRUTH = os.path.join(os.path.dirname(__file__), "data", "h200")

@@ -37,6 +37,33 @@ def test_launch_constants_match_the_source(module):
         assert smem == 328 * (bm + bn) + 4096
     assert kernels.tiled_threads(module) == (bm // tm) * (bn // tn)
     assert kernels.tiled_threads(module, ("CPT_TM=4",)) == (bm // 4) * (bn // tn)
+    assert kernels.tiled_threads(module, ("CPT_KPARTS=4",)) == 4 * (bm // tm) * (bn // tn)
+
+
+def test_kparts_builds_compile():
+    """The small-M design with a step's products over 2 or 4 threads (CPT_KPARTS, cuda-rzacc) builds
+    for every architecture with the pinned NVRTC (its bits are checked on a GPU:
+    CPEMU_TEST_RZACC_DEFINES); the default fatbins do not contain it (build_fatbin --check)."""
+    import importlib.util
+
+    pytest.importorskip("nvidia.cuda_nvrtc", reason="the pinned NVRTC (pip install -e '.[test]')")
+    spec = importlib.util.spec_from_file_location("cpemu_tools_build_fatbin", SRC.parent / "tools" / "build_fatbin.py")
+    bf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bf)
+    tc = bf.Toolchain()
+    for module, defs in (("gemm_rzacc_small_m", "CPT_KPARTS 4\n#define CPT_MINBLOCKS 2"),
+                         ("gemm_rzacc_small_m", "CPT_KPARTS 2\n#define CPT_MINBLOCKS 3")):
+        cu = SRC / f"{module}.cu"
+        sources = bf.module_sources(SRC, cu)
+        headers = {k: v for k, v in sources.items() if k != cu.name}
+        for arch in bf.ARCHS:
+            cubin, _ = tc.compile(cu.name, f"#define {defs}\n".encode() + sources[cu.name], headers, arch)
+            assert cubin[:4] == b"\x7fELF", (module, defs, arch)
+    with pytest.raises(Exception, match="CPT_KPARTS: 2 or 4"):
+        cu = SRC / "gemm_tiled_small_m.cu"
+        sources = bf.module_sources(SRC, cu)
+        tc.compile(cu.name, b"#define CPT_KPARTS 2\n" + sources[cu.name],
+                   {k: v for k, v in sources.items() if k != cu.name}, "sm_90a")
 
 
 @pytest.mark.parametrize("M, N, sms, want", [

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "b5f6d7b7a4dd8b9af3f18923e4208201a146e5c266fd3ac54737fece17b42b4a"
+MANIFEST_SHA256 = "34cee061a331cf2e60f933c984ba59983ff2736e80d29f1866f153c3e5c9fc6f"

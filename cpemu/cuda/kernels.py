@@ -514,11 +514,12 @@ def simple_geometry(kernel: str, fn) -> tuple[int, int, int]:
 
 
 def tiled_threads(module: str, defines=()) -> int:
-    """Threads of a block of a tiled geometry: (CPT_BM / CPT_TM) * (CPT_BN / CPT_TN), with the
-    source's CPT_TM x CPT_TN unless a tuning build defines them otherwise."""
+    """Threads of a block of a tiled geometry: (CPT_BM / CPT_TM) * (CPT_BN / CPT_TN) * CPT_KPARTS,
+    with the source's CPT_TM x CPT_TN and one thread per output group unless a tuning build
+    defines them otherwise (CPT_KPARTS: threads sharing one group of outputs, cuda-rzacc)."""
     _, bm, bn, tm, tn = TILED_VARIANTS[module][:5]
     d = dict(str(x).split("=", 1) for x in defines if "=" in str(x))
-    return (bm // int(d.get("CPT_TM", tm))) * (bn // int(d.get("CPT_TN", tn)))
+    return (bm // int(d.get("CPT_TM", tm))) * (bn // int(d.get("CPT_TN", tn))) * int(d.get("CPT_KPARTS", 1))
 
 
 def as_numpy(result, out_dtype: str) -> np.ndarray:
