@@ -98,6 +98,13 @@ typedef unsigned long long cpt_u64;
 static_assert(CPT_RZACC && (CPT_KPARTS == 2 || CPT_KPARTS == 4), "CPT_KPARTS: 2 or 4, cuda-rzacc only");
 #define CPT_PART ((int)(threadIdx.x % CPT_KPARTS))
 #endif
+// A step's loop over its K groups of `step` elements: this part's groups (CPT_KPARTS > 1), or
+// all of them with the unrolling `unroll` (a CPT_UNROLL).
+#if CPT_KPARTS > 1
+#define CPT_STEP_LOOP(var, end, step, unroll) for (int var = CPT_PART * (step); var < (end); var += CPT_KPARTS * (step))
+#else
+#define CPT_STEP_LOOP(var, end, step, unroll) unroll for (int var = 0; var < (end); var += (step))
+#endif
 #define CPT_PRAGMA_(x) _Pragma(#x)
 #define CPT_UNROLL(n) CPT_PRAGMA_(unroll n)
 #define CPT_KT 32  // K elements per shared-memory stage: the largest L

@@ -75,12 +75,7 @@ __device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
         for (int j = 0; j < CPT_TN; ++j) X[i][j] = 0u;
-#if CPT_KPARTS > 1
-    for (int q = CPT_PART; q < klen / 2; q += CPT_KPARTS) {
-#else
-CPT_UNROLL(CPT_EMAX_UNROLL)
-    for (int q = 0; q < klen / 2; ++q) {
-#endif
+    CPT_STEP_LOOP(q, klen / 2, 1, CPT_UNROLL(CPT_EMAX_UNROLL)) {
         cpt_u32 xa[CPT_TM], xb[CPT_TN];
         cpt_load_words(&sh.a.x2[q][ty * CPT_TM], xa);
         cpt_load_words(&sh.b.x2[q][tx * CPT_TN], xb);
@@ -119,12 +114,7 @@ __device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int
             m1[p][q] = ((cpt_u32)cpt_c_exp(acc[2 * p][2 * q + 1]) & 0xFFFFu) |
                        ((cpt_u32)cpt_c_exp(acc[2 * p + 1][2 * q]) << 16);
         }
-#pragma unroll 1
-#if CPT_KPARTS > 1
-    for (int kk = CPT_PART; kk < klen; kk += CPT_KPARTS) {
-#else
-    for (int kk = 0; kk < klen; ++kk) {
-#endif
+    CPT_STEP_LOOP(kk, klen, 1, CPT_UNROLL(1)) {
         cpt_u32 a2[CPT_TM / 2], b2[CPT_TN / 2], bs[CPT_TN / 2];
 #pragma unroll
         for (int p = 0; p < CPT_TM / 2; ++p) a2[p] = *(const cpt_u32*)&sh.a.e[kk][ty * CPT_TM + 2 * p];
@@ -158,12 +148,7 @@ __device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
         for (int j = 0; j < CPT_TN; ++j) em[i][j] = cpt_c_exp(acc[i][j]);
-#pragma unroll 1
-#if CPT_KPARTS > 1
-    for (int kk = CPT_PART; kk < klen; kk += CPT_KPARTS) {
-#else
-    for (int kk = 0; kk < klen; ++kk) {
-#endif
+    CPT_STEP_LOOP(kk, klen, 1, CPT_UNROLL(1)) {
         int ea[CPT_TM], eb[CPT_TN];
 #pragma unroll
         for (int i = 0; i < CPT_TM; ++i) ea[i] = sh.a.e[kk][ty * CPT_TM + i];

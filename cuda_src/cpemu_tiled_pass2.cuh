@@ -66,12 +66,7 @@ __device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx
             T4[i][j] = (cpt_u32)(min(max(g - 1 - lmin, -1), 62) + 2) * 0x01010101u;
             cnt[i][j] = 0u;
         }
-#if CPT_KPARTS > 1
-    for (int kk = 4 * CPT_PART; kk < klen; kk += 4 * CPT_KPARTS) {  // this part's 4-code words
-#else
-CPT_UNROLL(CPT_SUM_UNROLL)
-    for (int kk = 0; kk < klen; kk += 4) {  // klen is a multiple of 8
-#endif
+    CPT_STEP_LOOP(kk, klen, 4, CPT_UNROLL(CPT_SUM_UNROLL)) {  // words of 4 codes; klen is a multiple of 8
         float va[4][CPT_TM], vb[4][CPT_TN];
         cpt_u32 la[CPT_TM], lb[CPT_TN], sa[CPT_TM], sb[CPT_TN];
 #pragma unroll

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "34cee061a331cf2e60f933c984ba59983ff2736e80d29f1866f153c3e5c9fc6f"
+MANIFEST_SHA256 = "199f8808ff1bd37a2629a4cf7a29f59a96e28fe996539ac11f3ef0a5dce73e2d"
