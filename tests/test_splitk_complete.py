@@ -216,6 +216,19 @@ def _small_plan():
     return se.default_plan(n_max=64, k_max=6400, k_step=16, bound=dict(se.BOUND, workspace_bytes=1 << 14))
 
 
+def _assert_table_answers(tmp_path, name, plan, ask, pairs, ks, combos):
+    """The merged table ``name`` (in tmp_path) gives, through SplitKRule, the split count ``ask``
+    answered at every (M, N) of ``pairs``, K of ``ks`` and combination of ``combos`` it answered."""
+    rule = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
+                      params={"bound": plan["bound"], "complete_file": name}, base_dir=str(tmp_path))
+    for M, N in pairs:
+        for K in ks:
+            for c in combos:
+                want = ask(M, N, K, c)
+                if want is not None:
+                    assert rule.splits(M, N, K, c["fast_accum"], (c["a_dtype"], c["b_dtype"], c["out_dtype"])) == want[4]
+
+
 def test_enumerator_resumes_and_merges(tmp_path):
     """Workers stopped part-way (and one cut inside a line) continue where they stopped, here with
     another number of workers; the merged table answers every open shape as the heuristic did."""
@@ -377,15 +390,7 @@ def test_enumerator_fast_law(tmp_path):
     assert st["fast_law"]["derived"] > 0 and st["fast_law"]["checked"] > 0 and not st["fast_law"]["violated"]
     out = str(tmp_path / "t.npz")
     se.merge(rec, out)
-    rule = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
-                      params={"bound": plan["bound"], "complete_file": "t.npz"}, base_dir=str(tmp_path))
-    for M, N in pairs[::5]:
-        for K in se.k_grid(plan)[::7]:
-            for c in plan["combos"]:
-                want = _fake_fast_same(M, N, K, c)
-                combo = (c["a_dtype"], c["b_dtype"], c["out_dtype"])
-                if want is not None:
-                    assert rule.splits(M, N, K, c["fast_accum"], combo) == want[4]
+    _assert_table_answers(tmp_path, "t.npz", plan, _fake_fast_same, pairs[::5], se.k_grid(plan)[::7], plan["combos"])
 
     # the law broken at the first checked pair: recorded as a violation, the law dropped after it
     rec2 = str(tmp_path / "rec2")
@@ -400,14 +405,7 @@ def test_enumerator_fast_law(tmp_path):
     lines = [json.loads(x) for x in open(os.path.join(rec2, "part-000-of-001.jsonl")) if '"M"' in x and '"runs"' in x]
     assert not any(x.get("law") == "derived" for x in lines if (x["M"], x["N"]) in set(after))
     se.merge(rec2, str(tmp_path / "t2.npz"))
-    rule2 = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
-                       params={"bound": plan["bound"], "complete_file": "t2.npz"}, base_dir=str(tmp_path))
-    M, N = first_check
-    for K in se.k_grid(plan):
-        for c in plan["combos"]:
-            want = _fake(M, N, K, c)
-            if want is not None:
-                assert rule2.splits(M, N, K, c["fast_accum"], (c["a_dtype"], c["b_dtype"], c["out_dtype"])) == want[4]
+    _assert_table_answers(tmp_path, "t2.npz", plan, _fake, [first_check], se.k_grid(plan), plan["combos"])
     # the pairs derived before the violation are not trusted: left out of the table, asked again in full
     before = {(x["M"], x["N"]) for x in lines if x.get("law") == "derived"}
     assert before and se.untrusted(rec2) == before
@@ -418,14 +416,7 @@ def test_enumerator_fast_law(tmp_path):
     assert se.untrusted(rec2) == set()
     se.merge(rec2, str(tmp_path / "t3.npz"))
     assert len(load_complete("t3.npz", str(tmp_path)).pairs) == len(pairs)
-    rule3 = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
-                       params={"bound": plan["bound"], "complete_file": "t3.npz"}, base_dir=str(tmp_path))
-    for M, N in sorted(before)[::3]:
-        for K in se.k_grid(plan)[::9]:
-            for c in plan["combos"]:
-                want = _fake(M, N, K, c)
-                if want is not None:
-                    assert rule3.splits(M, N, K, c["fast_accum"], (c["a_dtype"], c["b_dtype"], c["out_dtype"])) == want[4]
+    _assert_table_answers(tmp_path, "t3.npz", plan, _fake, sorted(before)[::3], se.k_grid(plan)[::9], plan["combos"])
 
 
 #: pairs with M <= 32 of the complete record asked with and without fast accumulation
@@ -512,14 +503,7 @@ def test_enumerator_k_law(tmp_path):
     assert st["fast_law"] == {"derived": 0, "checked": 0, "violated": False}
     se.merge(rec, str(tmp_path / "t.npz"))
     assert load_complete("t.npz", str(tmp_path)).meta["store"] == "k-law"
-    rule = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
-                      params={"bound": plan["bound"], "complete_file": "t.npz"}, base_dir=str(tmp_path))
-    for M, N in pairs[::5]:
-        for K in ks:
-            for c in plan["combos"][::4]:
-                want = _fake_k_law(M, N, K, c)
-                if want is not None:
-                    assert rule.splits(M, N, K, c["fast_accum"], (c["a_dtype"], c["b_dtype"], c["out_dtype"])) == want[4]
+    _assert_table_answers(tmp_path, "t.npz", plan, _fake_k_law, pairs[::5], ks, plan["combos"][::4])
 
     rec2 = str(tmp_path / "rec2")
     se._start(rec2, plan)
@@ -533,14 +517,7 @@ def test_enumerator_k_law(tmp_path):
     i = [(x["M"], x["N"]) for x in done].index(first_check)
     assert all("k_law" not in x for x in done[i + 1:]) and any(x.get("law") == "derived" for x in done[i + 1:])
     se.merge(rec2, str(tmp_path / "t2.npz"))
-    rule2 = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 64], "K": [16, 8192]},
-                       params={"bound": plan["bound"], "complete_file": "t2.npz"}, base_dir=str(tmp_path))
-    M, N = first_check
-    for K in ks:
-        for c in plan["combos"]:
-            want = _fake_fast_same(M, N, K, c)
-            if want is not None:
-                assert rule2.splits(M, N, K, c["fast_accum"], (c["a_dtype"], c["b_dtype"], c["out_dtype"])) == want[4]
+    _assert_table_answers(tmp_path, "t2.npz", plan, _fake_fast_same, [first_check], ks, plan["combos"])
 
 
 #: pairs of the complete record asked at every K (before the K law, and its checked pairs)
