@@ -10,8 +10,8 @@ A profile's ``split_k`` section says, from recorded cuBLASLt heuristic answers:
   the point table (``params["table_file"]``), else from the complete table
   (``params["complete_file"]``, every K of a recorded (M, N) pair, see
   :mod:`cpemu.splitk_complete`), else the shape is refused with :class:`UnsupportedShape`:
-  cpemu does not guess. A complete-table answer is used only up to the split count verified
-  for its tile (``params["verified_splits"]``).
+  cpemu does not guess. A complete-table answer is used only where its split count was verified
+  for its tile (``params["verified_splits"]``: a largest count, or a list of counts).
 
 The laws' support and violation counts are in the profile's ``source``;
 :mod:`cpemu.recording.splitk_rule` counts them on recorded answers (tools/build_splitk_rule.py).
@@ -28,7 +28,7 @@ from importlib import resources
 from .splitk_complete import lookup
 
 __all__ = ["UnsupportedShape", "SplitKRule", "split_bound", "splits_from_rule", "load_table", "combo_key",
-           "no_algorithm"]
+           "no_algorithm", "split_verified"]
 
 
 class UnsupportedShape(ValueError):
@@ -88,21 +88,28 @@ def _from_points(params: dict, M: int, N: int, K: int, key: str, base_dir) -> st
     return doc["tables"].get(key, "")[i] if i is not None and key in doc["tables"] else "?"
 
 
-def _verified(params: dict, config: dict, M: int, N: int, K: int, key: str) -> int:
-    """The split count of a recorded configuration, where cpemu's slicing was checked for its tile.
+def split_verified(params: dict, tile, s: int) -> bool:
+    """Whether cpemu's slicing was reproduced bit for bit on the GPU for ``s`` slices with kernel
+    tile ``tile``. ``params["verified_splits"]`` maps a tile id to the largest such count (every
+    count up to it was checked) or to the list of the counts checked; one slice always is."""
+    if s <= 1:
+        return True
+    v = params.get("verified_splits", {}).get(str(int(tile)), 1)
+    return s in v if isinstance(v, list) else s <= v
 
-    ``params["verified_splits"]`` maps a tile id to the largest split count whose outputs were
-    reproduced bit for bit on the GPU with that tile; larger counts are refused."""
+
+def _verified(params: dict, config: dict, M: int, N: int, K: int, key: str) -> int:
+    """The split count of a recorded configuration, where cpemu's slicing was checked for its tile
+    (:func:`split_verified`); other counts are refused."""
     s = config["splitk_num"]
-    if s <= 1 or "verified_splits" not in params:
+    if "verified_splits" not in params or split_verified(params, config.get("tile_id"), s):
         return s
-    top = params["verified_splits"].get(str(config.get("tile_id")), 1)
-    if s > top:
-        raise UnsupportedShape(
-            f"cuBLASLt splits K into {s} slices for M={M}, N={N}, K={K} ({key}) with tile id {config.get('tile_id')}; "
-            f"cpemu's slicing was checked against GPU outputs with this tile only up to {top} slices",
-            "unverified-split")
-    return s
+    v = params["verified_splits"].get(str(config.get("tile_id")), 1)
+    checked = f"up to {v} slices" if not isinstance(v, list) else f"for {', '.join(map(str, v))} slices"
+    raise UnsupportedShape(
+        f"cuBLASLt splits K into {s} slices for M={M}, N={N}, K={K} ({key}) with tile id {config.get('tile_id')}; "
+        f"cpemu's slicing was checked against GPU outputs with this tile only {checked}",
+        "unverified-split")
 
 
 def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, combo: tuple,

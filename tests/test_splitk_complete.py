@@ -113,6 +113,13 @@ RECORD_PAIRS = 7766
 ARCHIVE_PAIRS = 3370
 
 
+def _checked(verified, tile, s):
+    """The documented meaning of ``verified_splits``: a tile's largest checked count, or its list of
+    checked counts; one slice needs no check."""
+    v = verified.get(str(int(tile)), 1)
+    return s <= 1 or (s in v if isinstance(v, list) else s <= v)
+
+
 def _asked_in_full(table, law):
     """The pair indices of the table whose answers were all asked under ``law`` ("fast", "k"):
     the law was off or the pair was a checked one."""
@@ -164,14 +171,14 @@ def test_profile_answers_from_the_complete_table(record):
                 cfg = local[int(col[i])]
                 want, tile = cfg[4], cfg[1]
                 args = (M, N, ks[i], c["fast_accum"], "tensorwise", c["a_dtype"], c["b_dtype"], c["out_dtype"])
-                if want > verified.get(str(tile), 1):
+                if not _checked(verified, tile, want):
                     with pytest.raises(UnsupportedShape, match=f"into {want} slices.*tile id {tile}"):
                         PROFILE.plan(*args)
                     refused += 1
                     continue
                 assert PROFILE.plan(*args).splits == _slices(ks[i], want), args
                 answered += 1
-    assert answered > 200 and refused > 10
+    assert answered > 200  # refusals are rare now (0.02 % of the table); test_refusals_name_their_reason has one
 
 
 def test_gpu_output_check_of_large_splits():
@@ -184,7 +191,7 @@ def test_gpu_output_check_of_large_splits():
         if r["match"]:
             assert PROFILE.plan(*args).splits == r["splits"], r
         else:
-            with pytest.raises(UnsupportedShape, match="checked against GPU outputs with this tile only up to 6"):
+            with pytest.raises(UnsupportedShape, match="checked against GPU outputs with this tile only up to 16 slices"):
                 PROFILE.plan(*args)
 
 
@@ -638,7 +645,8 @@ def test_refusals_name_their_reason():
     for p in range(len(table.pairs)):  # the first recorded answer above its tile's verified count
         col = table.column(p, j)
         cfg = table.configs[np.where(col == 0xFFFF, 0, col)]
-        over = cfg[:, f.index("splitk_num")] > [PARAMS["verified_splits"].get(str(t), 1) for t in cfg[:, f.index("tile_id")]]
+        over = ~np.array([_checked(PARAMS["verified_splits"], t, s)
+                          for t, s in cfg[:, [f.index("tile_id"), f.index("splitk_num")]].tolist()])
         over &= col != 0xFFFF
         if over.any():
             key = int(table.pairs[p])

@@ -67,15 +67,15 @@ def slices(K, s, g, layout):
 def unverified_configs(profile_name="hopper-h200-torch"):
     """{config id: (tile, split, reduction)} of the complete table above the profile's verified counts."""
     import cpemu
+    from cpemu.splitk import split_verified
     from cpemu.splitk_complete import load_complete
 
     par = cpemu.get_profile(profile_name).data["modes"]["tensorwise"]["split_k"]["params"]
     table = load_complete(par["complete_file"])
     f = table.meta["fields"]
     ti, si, ri = f.index("tile_id"), f.index("splitk_num"), f.index("reduction_scheme")
-    ver = par["verified_splits"]
     out = {i: (int(c[ti]), int(c[si]), int(c[ri])) for i, c in enumerate(table.configs)
-           if c[si] > ver.get(str(int(c[ti])), 1)}
+           if not split_verified(par, c[ti], int(c[si]))}
     return table, out
 
 
@@ -242,19 +242,38 @@ def verdict(cases, native, jobs=1, names=tuple(s[0] for s in SLICINGS)):
         res = [_check(w) for w in work]
     rows = [dict(c, match=r, sha256=hashlib.sha256(native[f"c{i}"].tobytes()).hexdigest())
             for i, (c, r) in enumerate(zip(cases, res))]
-    tiles = {}
-    for r in rows:
-        tiles.setdefault(r["tile"], {}).setdefault(r["splits"], []).append(r["match"].get("profile", False))
-    proposed = {}
-    for tile, by_s in sorted(tiles.items()):
-        top = None
-        for s in sorted(by_s):
-            if not all(by_s[s]):
-                break
-            top = s
-        proposed[str(tile)] = top
+    par = _params()
     return {"rows": rows, "matched": sum(r["match"].get("profile", False) for r in rows), "cases": len(rows),
-            "proposed_verified_splits": proposed}
+            "proposed_verified_splits": proposed_verified(par.get("verified_splits", {}), rows)}
+
+
+def _params(profile_name="hopper-h200-torch"):
+    import cpemu
+
+    return cpemu.get_profile(profile_name).data["modes"]["tensorwise"]["split_k"]["params"]
+
+
+def proposed_verified(old: dict, rows) -> dict:
+    """``verified_splits`` with the verdict's rows added: per tile, the counts already verified
+    and every count whose calls all matched; a largest count where that is every count from 2 up,
+    else the list. A count that failed on any call is left out (and must not be verified already)."""
+    ok, bad = {}, {}
+    for r in rows:
+        (ok if r["match"].get("profile", False) else bad).setdefault(str(r["tile"]), set()).add(r["splits"])
+    out = {}
+    for tile in sorted(set(old) | set(ok) | set(bad), key=int):
+        v = old.get(tile, 1)
+        counts = (set(v) if isinstance(v, list) else set(range(2, v + 1))) | ok.get(tile, set())
+        failed = bad.get(tile, set())
+        if failed & (set(v) if isinstance(v, list) else set(range(2, v + 1))):
+            raise ValueError(f"tile {tile}: split counts {sorted(failed)} failed but are verified already")
+        counts -= failed
+        top = max(counts, default=1)
+        if counts == set(range(2, top + 1)):
+            out[tile] = top
+        else:
+            out[tile] = sorted(counts)
+    return out
 
 
 @click.group()
