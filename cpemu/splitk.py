@@ -129,7 +129,8 @@ def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, com
         raise UnsupportedShape(
             f"cuBLASLt may split K for M={M}, N={N}, K={K} ({key}): up to {u} slices fit the K and workspace "
             f"bounds, and this shape's split-K count is not in the profile's recorded tables; record it on the "
-            f"GPU with python -m cpemu.recording.splitk_enum (cpemu does not guess)", "unrecorded")
+            f"GPU with python -m cpemu.recording.splitk_enum, or state the count with cpemu.gemm(..., split_k=s) "
+            f"(cpemu does not guess)", "unrecorded")
     if s == "x":
         raise UnsupportedShape(f"cuBLASLt has no algorithm for M={M}, N={N}, K={K} ({key}); torch raises here",
                                "no-algorithm")
