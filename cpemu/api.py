@@ -24,6 +24,8 @@ def _fail(arg: str, rule: str, got) -> None:
 
 
 def _check_operand(x, name: str):
+    if isinstance(x, np.ma.MaskedArray):
+        _fail(name, "must be a plain numpy array (a masked array's mask has no meaning for FP8 codes)", "MaskedArray")
     if not isinstance(x, np.ndarray):
         _fail(name, "must be a numpy array of ml_dtypes float8_e4m3fn or float8_e5m2", type(x).__name__)
     fmt = fp8_format(x.dtype)
@@ -40,7 +42,10 @@ _F32_MAX = float(np.finfo(np.float32).max)
 def _check_scale(s, name: str):
     """A float32 array of the scale (torch takes float32 scale tensors)."""
     if isinstance(s, numbers.Real) and not isinstance(s, (bool, np.bool_, np.ndarray)) and np.ndim(s) == 0:
-        f = float(s)
+        try:
+            f = float(s)
+        except OverflowError:
+            _fail(name, "must be finite and representable in float32", s)
         if not math.isfinite(f):
             _fail(name, "must be finite", s)
         if abs(f) > _F32_MAX or float(np.float32(f)) != f:
@@ -114,7 +119,9 @@ def gemm(a, b, *, profile=DEFAULT_PROFILE, scale_a=1.0, scale_b=1.0, bias=None, 
     profile decides) or the number of split-K slices the library uses, as cuBLASLt's
     ``CUBLASLT_ALGO_CONFIG_SPLITK_NUM``: the caller's statement, in place of the profile's split-K
     tables (for a kernel author's chosen schedule, or a shape the profile does not record);
-    1 <= split_k <= ceil(K / 128) (the profile's K tile).
+    1 <= split_k <= ceil(K / 128) (the profile's K tile). What the tables say about the library's
+    heuristic is then not consulted: the split-K domain, and the shapes where cuBLASLt has no
+    algorithm (torch raises there); the output's memory is still checked.
 
     Returns, for numpy inputs, a C-contiguous numpy array of ``out_dtype`` whose bytes equal
     torch._scaled_mm's output on the profile's GPU; for cupy inputs a cupy array on the
@@ -223,6 +230,11 @@ def _check_bias(bias, N: int):
 
 def bits_to_float32(bits, out_dtype: str = "bfloat16"):
     """View uint16 bf16/fp16 bit patterns (numpy or cupy) as float32 values (exact)."""
+    if not (isinstance(bits, np.ndarray) or _is_cupy(bits)):
+        _fail("bits", "must be a numpy or cupy array of uint16 bit patterns", type(bits).__name__)
+    if bits.dtype != np.uint16:
+        _fail("bits", "must have dtype uint16 (the bit patterns cpemu.gemm returns for bfloat16 and float16)",
+              bits.dtype)
     xp = __import__("cupy") if _is_cupy(bits) else np
     if out_dtype == "bfloat16":
         return (bits.astype(xp.uint32) << 16).view(xp.float32)

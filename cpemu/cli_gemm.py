@@ -8,6 +8,7 @@ backend and the memory available before its inputs are drawn.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 
 import click
@@ -21,12 +22,32 @@ from .profile import Profile
 __all__ = ["file_operands", "demo_call", "check_before_inputs", "demo_operands", "scale", "save", "gemm_call",
            "gemm_record", "print_gemm"]
 
+def _check_npy_size(path: str, arg: str) -> None:
+    """Compare a .npy header's shape with the bytes the file holds, before anything is allocated
+    (a header may claim any size). Files whose header numpy cannot parse are left to the readers."""
+    try:
+        with open(path, "rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+            data = os.fstat(f.fileno()).st_size - f.tell()
+    except (OSError, ValueError, EOFError, SyntaxError, TypeError):
+        return
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if dtype.hasobject or need != data:
+        raise click.ClickException(f"{arg}: {path} is not a readable .npy file of FP8 codes (its header says "
+                                   f"shape {shape} of {dtype}, {need} bytes, and the file holds {data})")
+
+
 def _read_npy(path: str, arg: str) -> np.ndarray:
     """The array of a .npy file, or a ClickException naming the option, the file and the rule."""
+    _check_npy_size(path, arg)
     try:
         x = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
         x = _read_e5m2_npy(path)
+        if isinstance(x, str):
+            raise click.ClickException(f"{arg}: {path} is not a readable .npy file of FP8 codes ({x})") from None
         if x is None:
             raise click.ClickException(f"{arg}: {path} is not a readable .npy file of FP8 codes "
                                        f"({type(e).__name__}: {' '.join(str(e).split())})") from None
@@ -37,7 +58,8 @@ def _read_npy(path: str, arg: str) -> np.ndarray:
 
 def _read_e5m2_npy(path: str):
     """The codes of a .npy file that np.save wrote from an ml_dtypes float8_e5m2 array (its
-    header says descr '<f1', which np.load cannot read), as float8_e5m2; None for any other file."""
+    header says descr '<f1', which np.load cannot read), as float8_e5m2; None for any other file,
+    and a message for such a file whose shape is not valid or does not match its bytes."""
     import ast
 
     try:
@@ -47,11 +69,18 @@ def _read_e5m2_npy(path: str):
             head = ast.literal_eval(f.read(size).decode("latin1"))
             if not isinstance(head, dict) or head.get("descr") not in ("<f1", "|f1", ">f1"):
                 return None
-            shape = tuple(head["shape"])
-            codes = np.fromfile(f, dtype=np.uint8, count=int(np.prod(shape)))
+            shape = head.get("shape")
+            if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                       for d in shape):
+                return f"float8_e5m2 codes with shape {shape!r}: not a tuple of sizes"
+            n = int(np.prod(shape, dtype=object))
+            held = os.fstat(f.fileno()).st_size - f.tell()
+            if n != held:  # before any allocation
+                return f"its header says float8_e5m2 codes of shape {shape}, {n} bytes, and the file holds {held}"
+            codes = np.fromfile(f, dtype=np.uint8, count=n)
     except (OSError, ValueError, SyntaxError, KeyError, TypeError, MemoryError):
         return None
-    if codes.size != int(np.prod(shape)):
+    if codes.size != n:
         return None
     return codes.reshape(shape, order="F" if head.get("fortran_order") else "C").view(ml_dtypes.float8_e5m2)
 

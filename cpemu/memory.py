@@ -2,15 +2,19 @@
 
 The reference's working set beyond its operands and output is bounded by construction
 (:func:`cpemu.reference.working_set_bytes`, a few MiB per worker thread), so the output is
-what can outgrow the machine. :func:`check_output` refuses such a call before anything is
-allocated, naming the size it would need.
+what can outgrow the machine (with host copies of strided operands, which the caller counts).
+:func:`check_output` refuses such a call before anything is allocated, naming the size it
+would need, when it would take more than :data:`USABLE_SHARE` of the memory available.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["OutputTooLarge", "available_bytes", "check_output", "gib"]
+__all__ = ["OutputTooLarge", "available_bytes", "check_output", "gib", "USABLE_SHARE"]
+
+#: the share of the available memory a call may take (the rest stays for the machine's other work)
+USABLE_SHARE = 0.8
 
 
 class OutputTooLarge(ValueError):
@@ -44,7 +48,8 @@ def check_output(M: int, N: int, out_dtype: str, working_bytes: int = 0) -> None
 
     out = M * N * OUT_DTYPES[out_dtype].itemsize
     have = available_bytes()
-    if have is not None and out + working_bytes > have:
+    if have is not None and out + working_bytes > have * USABLE_SHARE:
         raise OutputTooLarge(
             f"out: the ({M}, {N}) {out_dtype} output needs {gib(out)} (plus {gib(working_bytes)} of working "
-            f"memory) and this machine has {gib(have)} available; cpemu refuses before allocating it")
+            f"memory and operand copies) and this machine has {gib(have)} available, of which cpemu uses at most "
+            f"{USABLE_SHARE:.0%}; cpemu refuses before allocating it")

@@ -9,6 +9,7 @@ validated against ``schemas/profile.schema.json`` when loaded.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -59,8 +60,6 @@ class Profile:
     @classmethod
     def from_file(cls, path: str) -> "Profile":
         """Load and validate a profile JSON file (e.g. one written by ``cpemu record``)."""
-        import os
-
         data = read_json_file(path, "profile", "the profile file")
         _validate(data, path)
         return cls(data["name"], data, os.path.dirname(os.path.abspath(path)))
@@ -191,9 +190,20 @@ def check_schema(data, schema: str, where: str, arg: str) -> None:
                          f"{e.message[:300]}") from None
 
 
+#: per output dtype: (exponent mask, fraction mask) of its bit patterns
+_NAN_FIELDS = {"bfloat16": (0x7F80, 0x007F), "float16": (0x7C00, 0x03FF), "float32": (0x7F800000, 0x007FFFFF)}
+
+
 def _validate(data, where: str) -> None:
-    """The profile schema's verdict as a ValueError naming the file, the place and the rule."""
+    """The profile schema's verdict as a ValueError naming the file, the place and the rule; then
+    what the schema cannot say: every ``nan_bits`` pattern is a NaN of its format."""
     check_schema(data, "profile", where, "profile")
+    for scaling, mode in data["modes"].items():
+        for dt, bits in (mode.get("nan_bits") or {}).items():
+            exp, frac = _NAN_FIELDS[dt]
+            if bits & exp != exp or not bits & frac:
+                raise ValueError(f"profile: {where!r} at modes/{scaling}/nan_bits/{dt}: 0x{bits:x} is not a NaN "
+                                 f"bit pattern of {dt}")
 
 
 @lru_cache(maxsize=None)
@@ -221,6 +231,8 @@ def get_profile(name: str | Profile = DEFAULT_PROFILE) -> Profile:
     """Load and validate a shipped profile by name, or a profile JSON file by path."""
     if isinstance(name, Profile):
         return name
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
     if isinstance(name, str) and (name.endswith(".json") or "/" in name):
         return Profile.from_file(name)
     if name not in _shipped():

@@ -74,8 +74,14 @@ def _read_text(name: str, base_dir: str | None) -> str:
 @lru_cache(maxsize=None)
 def load_table(name: str, base_dir: str | None = None):
     """The point table: answers for single shapes, one character per shape and combination."""
-    doc = json.loads(_read_text(name, base_dir))
-    index = {tuple(s): i for i, s in enumerate(doc["shapes"])}
+    try:
+        doc = json.loads(_read_text(name, base_dir))
+        index = {tuple(s): i for i, s in enumerate(doc["shapes"])}
+        if not isinstance(doc.get("tables"), dict):
+            raise TypeError("no 'tables' object")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"profile: split-K point table {name!r} (table_file) is not readable: "
+                         f"{type(e).__name__}: {e}") from None
     return doc, index
 
 

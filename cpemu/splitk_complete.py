@@ -199,12 +199,16 @@ class _Table:
 
 @lru_cache(maxsize=None)
 def load_complete(name: str, base_dir: str | None = None) -> _Table:
-    if base_dir is None:
-        with resources.files("cpemu.profile_data").joinpath(name).open("rb") as f:
-            with np.load(f) as z:
-                return _Table(z)
-    with np.load(os.path.join(base_dir, name)) as z:
-        return _Table(z)
+    try:
+        if base_dir is None:
+            with resources.files("cpemu.profile_data").joinpath(name).open("rb") as f:
+                with np.load(f, allow_pickle=False) as z:
+                    return _Table(z)
+        with np.load(os.path.join(base_dir, name), allow_pickle=False) as z:
+            return _Table(z)
+    except (OSError, ValueError, KeyError, TypeError, EOFError, AttributeError) as e:
+        raise ValueError(f"profile: complete split-K table {name!r} (complete_file) is not readable: "
+                         f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
 
 
 def lookup(name: str, base_dir: str | None, M: int, N: int, K: int, key: str):

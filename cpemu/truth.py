@@ -20,6 +20,7 @@ import numpy as np
 from .api import gemm
 from .cases import Case, operands, sha256_arrays
 from .formats import FP8_FORMATS
+from .memory import OutputTooLarge, check_output
 from .profile import check_schema, read_json_file
 
 __all__ = ["load_manifest", "check_case", "CaseResult", "file_sha256", "features_of"]
@@ -41,7 +42,10 @@ def load_manifest(folder: str, verify_files: bool = True) -> dict:
     check_schema(man, "truth", path, "truth")
     if verify_files:
         for name, digest in man["files"].items():
-            got = file_sha256(os.path.join(folder, name))
+            try:
+                got = file_sha256(os.path.join(folder, name))
+            except OSError as e:
+                raise ValueError(f"truth file {name}: listed in {path} but not readable ({e.strerror})") from None
             if got != digest:
                 raise ValueError(f"truth file {name}: sha256 {got} does not match the manifest's {digest}")
     return man
@@ -84,6 +88,10 @@ def check_case(rec: dict, bits: np.ndarray | None, profile: str, backend: str = 
                max_report: int = 4) -> CaseResult:
     """Recompute one recorded case with cpemu and compare bits with the recording."""
     case = Case.from_json(rec)
+    try:  # the regenerated operands and the output must fit before anything is drawn
+        check_output(case.M, case.N, case.out_dtype, (case.M + case.N) * case.K)
+    except OutputTooLarge as e:
+        return CaseResult(case.id, "error", str(e))
     A, B, sa, sb, bias, raw = _inputs_for_gemm(case)
     digest = sha256_arrays(*raw)
     if digest != rec["inputs_sha256"]:
@@ -104,6 +112,9 @@ def check_case(rec: dict, bits: np.ndarray | None, profile: str, backend: str = 
     if bits is None or full_ok:
         return CaseResult(case.id, "match" if full_ok else "mismatch", "" if full_ok else "output sha256 differs",
                           int(not full_ok))
+    if bits.ndim != 2 or bits.dtype != got.dtype or bits.shape[1] != got.shape[1] or bits.shape[0] > got.shape[0]:
+        return CaseResult(case.id, "error", f"stored bits ({rec.get('file')}): {bits.dtype} of shape {bits.shape} are "
+                                            f"not leading rows of the {got.dtype} output of shape {got.shape}")
     bad = np.argwhere(got[: bits.shape[0]] != bits)
     if len(bad) == 0:
         return CaseResult(case.id, "mismatch", f"output sha256 differs beyond the {bits.shape[0]} stored rows", 1)
@@ -128,9 +139,16 @@ def verify_folder(folder: str, profile=None, backend: str = "auto", progress=Non
     def bits_of(rec):
         if rec.get("stored") != "bits":
             return None
-        fname = rec["file"]
+        fname = rec.get("file")
+        if not isinstance(fname, str):
+            raise ValueError(f"truth manifest of {folder}: case {rec.get('id')!r} has stored bits but no 'file'")
         if fname not in cache:
-            cache[fname] = np.load(os.path.join(folder, fname))
+            try:
+                cache[fname] = np.load(os.path.join(folder, fname), allow_pickle=False)
+            except (OSError, ValueError, EOFError) as e:
+                raise ValueError(f"truth file {fname}: not a readable .npz of stored bits ({e})") from None
+        if not hasattr(cache[fname], "files") or rec["id"] not in cache[fname].files:
+            raise ValueError(f"truth file {fname}: holds no stored bits for case {rec['id']!r}")
         return cache[fname][rec["id"]]
 
     work = [(rec, bits_of(rec), profile, backend) for rec in man["cases"]]

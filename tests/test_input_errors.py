@@ -251,3 +251,161 @@ def test_cli_output_too_large_refused_before_inputs(monkeypatch):
     r = CliRunner().invoke(main, ["gemm", "--demo", "evo2-40b", "--M", "131072"])
     assert r.exit_code == 1 and "Error: out: the (131072, 24576) bfloat16 output needs 6.00 GiB" in r.output, \
         r.output
+
+
+# --------------------------------------------------------------------------- found by a bad-input audit
+
+def test_huge_python_scale_names_the_argument():
+    with pytest.raises(ValueError, match=r"^scale_a: must be finite and representable in float32"):
+        cpemu.gemm(A, B, scale_a=10 ** 400)
+
+
+def test_masked_operand_is_refused():
+    with pytest.raises(ValueError, match=r"^a: must be a plain numpy array"):
+        cpemu.gemm(np.ma.masked_array(A), B)
+
+
+@pytest.mark.parametrize("bits, why", [(np.array([1.5], np.float32), "must have dtype uint16"),
+                                       (np.array([0x3C00], np.int64), "must have dtype uint16"),
+                                       ([0x3F80], "must be a numpy or cupy array")])
+def test_bits_to_float32_refuses_what_is_not_bit_patterns(bits, why):
+    with pytest.raises(ValueError, match=rf"^bits: {why}"):
+        cpemu.bits_to_float32(bits)
+
+
+def test_bits_to_float32_reads_bit_patterns():
+    got = cpemu.bits_to_float32(np.array([0x3F80, 0xC000], np.uint16))
+    assert got.view(np.uint32).tolist() == [0x3F800000, 0xC0000000]
+    assert cpemu.bits_to_float32(np.array([0x3C00], np.uint16), "float16").view(np.uint32).tolist() == [0x3F800000]
+
+
+def test_profile_path_object_is_accepted(tmp_path):
+    import pathlib
+    path = pathlib.Path(cpemu.profile.__file__).parent / "profile_data" / "ada-rtx4060-torch.json"
+    assert cpemu.get_profile(path).name == "ada-rtx4060-torch"
+
+
+def _profile_copy(tmp_path, edit, name="hopper-h200-torch"):
+    """A copy of a shipped profile (with its split-K tables beside it) after ``edit(doc)``."""
+    import pathlib
+    import shutil
+    src = pathlib.Path(cpemu.profile.__file__).parent / "profile_data"
+    for f in src.glob(f"{name}.*"):
+        shutil.copy(f, tmp_path / f.name)
+    doc = json.loads((src / f"{name}.json").read_text())
+    edit(doc)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+SPLIT = dict(a=np.zeros((1, 8192), ml_dtypes.float8_e4m3fn), b=np.zeros((8192, 1536), ml_dtypes.float8_e4m3fn))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["instruction"].update(F=40), r"at instruction/F: 40 is greater than the maximum of 32"),
+    (lambda d: d["instruction"].update(F=3), r"at instruction/F: 3 is less than the minimum of 6"),
+    (lambda d: d["instruction"].update(e_zero=100), r"at instruction/e_zero: 100 is greater than the maximum"),
+    (lambda d: d["instruction"].update(e_zero=10 ** 30), r"at instruction/e_zero"),
+    (lambda d: d["modes"]["tensorwise"]["split_k"].pop("params"), r"at modes/tensorwise/split_k: 'params' is a required"),
+    (lambda d: d["modes"]["tensorwise"]["nan_bits"].update(bfloat16=2 ** 40), r"at modes/tensorwise/nan_bits/bfloat16"),
+    (lambda d: d["modes"]["tensorwise"]["nan_bits"].update(bfloat16=0x3F80), r"0x3f80 is not a NaN bit pattern of bfloat16"),
+])
+def test_profile_values_the_model_cannot_use_are_refused_at_load(tmp_path, edit, match):
+    with pytest.raises(ValueError, match=match):
+        cpemu.get_profile(_profile_copy(tmp_path, edit))
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda p: p.unlink(), r"split-K point table 'hopper-h200-torch.splitk.json' \(table_file\) is not readable"),
+    (lambda p: p.write_text("{not json"), r"split-K point table .* is not readable: JSONDecodeError"),
+    (lambda p: p.write_text('{"shapes": 5}'), r"split-K point table .* is not readable: TypeError"),
+])
+def test_broken_point_table_names_the_file(tmp_path, damage, match):
+    path = _profile_copy(tmp_path, lambda d: None)
+    damage(tmp_path / "hopper-h200-torch.splitk.json")
+    with pytest.raises(ValueError, match=match):
+        cpemu.gemm(SPLIT["a"], SPLIT["b"], profile=path)
+
+
+def test_broken_complete_table_names_the_file(tmp_path):
+    doc = {}
+
+    def edit(d):
+        d["modes"]["tensorwise"]["split_k"]["params"]["table_file"] = "empty.json"
+        doc.update(d)
+    path = _profile_copy(tmp_path, edit)
+    (tmp_path / "empty.json").write_text('{"shapes": [], "tables": {}}')
+    (tmp_path / "hopper-h200-torch.splitk-complete.npz").write_bytes(b"not an npz")
+    with pytest.raises(ValueError, match=r"complete split-K table 'hopper-h200-torch.splitk-complete.npz' "
+                                         r"\(complete_file\) is not readable"):
+        cpemu.gemm(SPLIT["a"], SPLIT["b"], profile=path)
+
+
+def _npy_with_header(path, header: dict, payload: bytes = b"\0" * 64):
+    h = repr(header).encode("latin1")
+    h += b" " * ((64 - (10 + len(h) + 1) % 64) % 64) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h + payload)
+    return str(path)
+
+
+@pytest.mark.parametrize("header, match", [
+    ({"descr": "<f1", "fortran_order": False, "shape": (10 ** 20,)}, r"says float8_e5m2 codes of shape \(100000000000000000000,\)"),
+    ({"descr": "<f1", "fortran_order": False, "shape": (2 ** 40, 16)}, r"and the file holds 64"),
+    ({"descr": "<f1", "fortran_order": False, "shape": (-1, 16)}, r"not a tuple of sizes"),
+    ({"descr": "|u1", "fortran_order": False, "shape": (2 ** 40, 16)}, r"its header says shape \(1099511627776, 16\) of uint8"),
+    ({"descr": "|u1", "fortran_order": False, "shape": (1.5, 16)}, r"shape is not valid"),
+])
+def test_cli_npy_header_is_checked_before_allocating(tmp_path, header, match):
+    a = _npy_with_header(tmp_path / "a.npy", header)
+    b = str(tmp_path / "b.npy")
+    np.save(b, np.zeros((32, 16), np.uint8))
+    r = CliRunner().invoke(main, ["gemm", "--a", a, "--b", b])
+    assert r.exit_code == 1 and "Error: a: " in r.output and "is not a readable .npy file of FP8 codes" in r.output, r.output
+    assert __import__("re").search(match, r.output), r.output
+
+
+def test_fp8linear_scalar_input():
+    torch = pytest.importorskip("torch")
+    import cpemu.torch as ct
+
+    with pytest.raises(ValueError, match=r"^input: last dimension must be in_features = 64 \(got shape \(\)\)"):
+        ct.FP8Linear(_w(), 1.0, 1.0)(torch.tensor(1.0))
+
+
+def _truth_folder(tmp_path, edit_case, bits=None):
+    """A one-case truth folder (its manifest valid) whose case record ``edit_case`` changes."""
+    from cpemu.cases import Case, operands, sha256_arrays
+    from cpemu.truth import file_sha256
+
+    case = Case(16, 16, 32, data="uniform", out_dtype="float32")
+    rec = dict(json.loads(json.dumps(case.to_json())), inputs_sha256=sha256_arrays(*operands(case)),
+               output_shape=[16, 16], output_sha256="0" * 64, stored="bits", file="x.npz")
+    files = {}
+    if bits is not None:  # "case": 3 wrong-shaped rows under the case's id; else the arrays given
+        np.savez(tmp_path / "x.npz", **({rec["id"]: np.zeros(3, np.uint32)} if bits == "case" else bits))
+        files["x.npz"] = file_sha256(str(tmp_path / "x.npz"))
+    edit_case(rec)
+    man = dict(json.loads((__import__("pathlib").Path(__file__).parent / "data" / "h200" / "manifest.json").read_text()),
+               cases=[rec], files=files)
+    (tmp_path / "manifest.json").write_text(json.dumps(man))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("edit, bits, match", [
+    (lambda r: r.pop("file"), None, r"has stored bits but no 'file'"),
+    (lambda r: None, {"other": np.zeros(3, np.uint32)}, r"truth file x.npz: holds no stored bits for case"),
+    (lambda r: None, "case", r"stored bits \(x.npz\): uint32 of shape \(3,\) are not leading rows"),
+])
+def test_cli_verify_broken_case_records(tmp_path, edit, bits, match):
+    r = CliRunner().invoke(main, ["verify", _truth_folder(tmp_path, edit, bits)])
+    assert __import__("re").search(match, r.output), r.output
+
+
+def test_cli_verify_refuses_operands_that_do_not_fit(tmp_path, monkeypatch):
+    import cpemu.memory as mem
+
+    monkeypatch.setattr(mem, "available_bytes", lambda: 1 << 30)
+    folder = _truth_folder(tmp_path, lambda r: (r.update(M=65536, K=16384, id="big", stored="sha256"), r.pop("file")))
+    r = CliRunner().invoke(main, ["verify", folder])
+    assert "out: the (65536, 16) float32 output needs 0.00 GiB (plus 1.00 GiB of working memory" in r.output, r.output

@@ -302,6 +302,30 @@ def test_accepted_by_torch_but_not_emulated():
         ct.scaled_mm(A(16, 256), B(256, 16), torch.ones(2, 16).t(), torch.ones(2, 16), out_dtype=BF)
 
 
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fnuz"), reason="this torch has no fnuz dtypes")
+def test_fnuz_operands_are_refused_naming_them():
+    """torch accepts the fnuz FP8 types (AMD's); cpemu emulates NVIDIA's formats only."""
+    with pytest.raises(cpemu.ProfileFeatureError, match=r"^mat1 dtype torch.float8_e4m3fnuz: .*float8_e4m3fn and"):
+        ct.scaled_mm(torch.zeros(16, 32).to(torch.float8_e4m3fnuz), B(32, 16), ONE, ONE, out_dtype=BF)
+    with pytest.raises(cpemu.ProfileFeatureError, match=r"^mat2 dtype torch.float8_e5m2fnuz"):
+        ct.scaled_mm(A(16, 32), torch.zeros(16, 32).to(torch.float8_e5m2fnuz).t(), ONE, ONE, out_dtype=BF)
+
+
+def test_memory_is_checked_before_zeros_and_operand_copies(monkeypatch):
+    """K = 0 returns zeros (as torch does) only if they fit; an expanded (zero-stride) operand is
+    copied on the host, so its copy counts before it is made."""
+    import cpemu.memory as mem
+
+    monkeypatch.setattr(mem, "available_bytes", lambda: 1 << 30)
+    with pytest.raises(cpemu.OutputTooLarge, match=r"^out: the \(40000, 40000\) bfloat16 output needs 2\.98 GiB"):
+        ct.scaled_mm(torch.empty(40000, 0, dtype=F8), torch.empty(40000, 0, dtype=F8).t(), ONE, ONE, out_dtype=BF)
+    x = torch.zeros(1, 65536).to(F8).expand(16384, 65536)  # a 1 GiB copy of 64 KiB
+    with pytest.raises(cpemu.OutputTooLarge, match=r"plus 1\.00 GiB of working memory and operand copies"):
+        ct.scaled_mm(x, torch.zeros(16, 65536).to(F8).t(), ONE, ONE, out_dtype=BF)
+    y = ct.scaled_mm(torch.zeros(1, 64).to(F8).expand(16, 64), B(64, 16), ONE, ONE, out_dtype=BF)
+    assert y.shape == (16, 16) and not y.float().any()
+
+
 def test_non_tensor_arguments_are_type_errors():
     with pytest.raises(TypeError, match="argument 'scale_a'"):
         ct.scaled_mm(A(16, 32), B(32, 16), 1.0, ONE, out_dtype=BF)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ..memory import check_output
 from ..profile import DEFAULT_PROFILE, get_profile
+from .dtypes import _OUT
 from .routes import _route
 from .rules import (_check_argument_types, _check_devices, _check_layout, _check_torch_rules,
                     _refuse_unemulated)
@@ -37,9 +39,11 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     (M, K), N = a.shape, b.shape[1]
     device = a.device
     if M == 0 or K == 0 or N == 0:  # torch returns before any GEMM: empty, or zeros when K == 0
+        if device.type == "cpu" and out_dt in _OUT:
+            check_output(M, N, _OUT[out_dt])
         return torch.zeros((M, N), dtype=out_dt, device=device)
     _check_layout(a, b)
-    _refuse_unemulated(out_dt, scaling)
+    _refuse_unemulated(out_dt, scaling, a, b)
     if device.type == "meta":  # shape propagation only
         return torch.empty((M, N), dtype=out_dt, device=device)
     return _route(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, backend, scaling[0] == "RowWise")

@@ -160,7 +160,7 @@ class FP8Linear(torch.nn.Module):
             raise ValueError(f"input: must be a floating-point tensor (bf16, fp16 or fp32), quantised here with "
                              f"input_scale; pass E4M3 codes to forward_fp8 (got "
                              f"{getattr(x, 'dtype', type(x).__name__)})")
-        if x.shape[-1] != self.in_features:
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"input: last dimension must be in_features = {self.in_features} "
                              f"(got shape {tuple(x.shape)})")
         lead = x.shape[:-1]

@@ -19,6 +19,7 @@ from .. import backends
 from ..backends import EXACT_KERNELS as _EXACT_KERNELS
 from ..backends import TENSOR_CORE as _TENSOR_CORE
 from ..call import Operands
+from ..memory import check_output
 from .convert import _as_torch, _fp8_numpy, _host_numpy, _to_torch
 from .device import _cupy, _cupy_stream, _current_stream_ptr, _queue_then_check_scales
 from .dtypes import _FP8, _OUT
@@ -185,10 +186,21 @@ def _general_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, ba
     call = _call(prof, a, b, out_dt, rowwise, bias, use_fast_accum)
     if on_device:
         return _gemm_on_device(a, b, sa, sb, bias_f32, prof, call, backend, out_dt)
+    check_output(call.M, call.N, call.out_dtype, _copy_bytes(a, b))  # before any operand copy
     ops = Operands(np.ascontiguousarray(_fp8_numpy(a)).view(np.uint8),
                    np.ascontiguousarray(_fp8_numpy(b).T).view(np.uint8), sa, sb, bias_f32)
     y = backends.run(backends.select(backend, prof, call), call, ops, on_device=False)
     return _to_torch(y, out_dt, a.device)
+
+
+def _copy_bytes(a, b) -> int:
+    """Bytes of the host copies the general route makes: a (M, K) and b's transpose (N, K) as
+    dense codes, each unless it is dense already (an expanded, zero-stride view is not)."""
+    M, K = a.shape
+    N = b.shape[1]
+    dense_a = a.stride(1) == 1 and a.stride(0) == K
+    dense_b = b.stride(0) == 1 and b.stride(1) == K
+    return (0 if dense_a else M * K) + (0 if dense_b else N * K)
 
 
 def _host_scales(scale_a, scale_b, rowwise: bool, prof):

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ..profile import ProfileFeatureError
-from .dtypes import _FLOAT8_TYPES, _FP4X2, _OUT, _st
+from .dtypes import _FLOAT8_TYPES, _FP4X2, _FP8, _OUT, _st
 from .layout import _cublas_transposed
 from .scaling import _joint_scaling
 
@@ -98,8 +98,13 @@ def _check_layout(a, b) -> None:
         raise RuntimeError("Only multiplication of row-major and column-major matrices is supported by cuBLASLt")
 
 
-def _refuse_unemulated(out_dt, scaling) -> None:
+def _refuse_unemulated(out_dt, scaling, a=None, b=None) -> None:
     """Accepted by torch. What cpemu does not emulate is refused here, never approximated."""
+    for x, name in ((a, "mat1"), (b, "mat2")):
+        if x is not None and x.dtype not in _FP8:
+            raise ProfileFeatureError(
+                f"{name} dtype {x.dtype}: torch accepts it, but cpemu emulates only float8_e4m3fn and "
+                f"float8_e5m2 operands (the formats of NVIDIA's FP8 tensor cores)")
     if out_dt not in _OUT:
         raise ProfileFeatureError(
             f"out_dtype {out_dt}: torch._scaled_mm accepts it (out_dtype=None means a's dtype, an FP8 output), "
