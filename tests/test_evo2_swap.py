@@ -133,6 +133,57 @@ def test_bad_arguments():
         ce.build_model(dict(tiny_config(), use_fp8_input_projections=True))
 
 
+P0, K0 = "blocks.0.projections.weight", "blocks.0.projections._extra_state"
+
+
+def _big_scale_state():
+    import pickle
+    expanded = torch.ones(1).expand(1 << 32)  # 4 bytes that claim 16 GiB
+    return torch.frombuffer(bytearray(pickle.dumps({"scale_fwd": expanded, "amax_history_fwd": torch.ones(1)})),
+                            dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda sd: sd.update({P0: torch.randn(16, 64).bfloat16()}),
+     r"^blocks.0.projections.weight: must have the module's shape \(out_features, in_features\) = \(192, 64\) "
+     r"\(got \(16, 64\)\)"),
+    (lambda sd: sd.update({P0: torch.ones(1, 1).bfloat16().expand(1 << 22, 4096)}), r"got \(4194304, 4096\)"),
+    (lambda sd: sd.update({P0: "abc"}), r"^blocks.0.projections.weight: must be a bf16/fp16/fp32 tensor"),
+    (lambda sd: sd.update({K0: _big_scale_state()}), r"scale_fwd has 4294967296 elements"),
+    (lambda sd: sd.update({K0: {"scale_fwd": "abc", "amax_history_fwd": torch.ones(1)}}),
+     r"^blocks.0.projections._extra_state: scale_fwd must be a tensor of numbers"),
+    (lambda sd: sd.update({K0: {"scale_fwd": torch.ones(3), "amax_history_fwd": torch.ones(1),
+                                "extra_fp8_variables": 5}}), r"extra_fp8_variables must be a dict"),
+    (lambda sd: sd.update({"blocks.2.projections._extra_state": __import__("cpemu.torch.te_state", fromlist=["x"])
+                           .write_extra_state([1.0, 0.0, 1.0], torch.ones(16, 3))}),
+     r"^blocks.2.projections._extra_state: the weight scale \(scale_fwd\) must be positive and finite \(got 0.0\)"),
+])
+def test_bad_checkpoints_are_refused_before_any_swap(edit, match):
+    """Checked for every projection before the first is swapped (and by a dry run alike); a
+    wrong-shaped weight is never quantised, and an expanded scale tensor is never copied."""
+    model, sd = _fresh()
+    edit(sd)
+    before = [type(m).__name__ for _, m in model.named_modules()]
+    for dry in (True, False):
+        with pytest.raises(ValueError, match=match):
+            ce.swap_fp8_projections(model, sd, dry_run=dry)
+    assert [type(m).__name__ for _, m in model.named_modules()] == before
+
+
+def test_model_must_be_a_module():
+    with pytest.raises(ValueError, match=r"^model: must be a torch.nn.Module"):
+        ce.swap_fp8_projections(None, {})
+
+
+def test_forward_fp8_takes_e4m3_matrices_only():
+    import cpemu.torch as ct
+    layer = ct.FP8Linear(torch.zeros(32, 64).to(torch.float8_e4m3fn), 1.0, 1.0)
+    for x in ((torch.randn(5, 64) * 4).to(torch.float8_e5m2), torch.zeros(64).to(torch.float8_e4m3fn)):
+        with pytest.raises(ValueError, match=r"^input: forward_fp8 takes a 2-D float8_e4m3fn tensor"):
+            layer.forward_fp8(x)
+    assert layer.forward_fp8(torch.zeros(5, 64).to(torch.float8_e4m3fn)).shape == (5, 32)
+
+
 def test_example_runs():
     import os
     import subprocess

@@ -24,6 +24,7 @@ Transformer Engine is absent: pass the checkpoint's own state dict.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,8 @@ from ..callers import te_schedule
 from ..profile import DEFAULT_PROFILE, get_profile
 from ..torch.linear import FP8Linear, quantize_e4m3
 from ..torch.te_state import read_extra_state
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 __all__ = ["TEProjection", "SwapEntry", "swap_fp8_projections", "fp8_projections", "is_vortex_telinear"]
 
@@ -123,6 +126,18 @@ def _entry(name, mod, state_dict, profile) -> tuple:
                          f"bias-free TE linears only")
     if state.scale_fwd.numel() < 3:
         raise ValueError(f"{key}: scale_fwd has {state.scale_fwd.numel()} entries; a TE linear has 3 per GEMM")
+    for what, v in (("input", state.input_scale), ("weight", state.weight_scale)):
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"{key}: the {what} scale (scale_fwd) must be positive and finite (got {v})")
+    wkey = f"{name}.weight"
+    weight = state_dict[wkey] if wkey in state_dict else mod.weight
+    want = (mod.out_features, mod.in_features)
+    if not isinstance(weight, torch.Tensor) or not weight.dtype.is_floating_point or weight.dtype in _FP8:
+        raise ValueError(f"{wkey}: must be a bf16/fp16/fp32 tensor, quantised here with the checkpoint's scale "
+                         f"(got {getattr(weight, 'dtype', type(weight).__name__)})")
+    if tuple(weight.shape) != want:
+        raise ValueError(f"{wkey}: must have the module's shape (out_features, in_features) = {want} "
+                         f"(got {tuple(weight.shape)})")
     source = state.source
     if state.scale_inv_fwd is not None and not torch.equal(state.scale_inv_fwd[:2],
                                                            torch.reciprocal(state.scale_fwd[:2])):
@@ -144,6 +159,8 @@ def swap_fp8_projections(model, state_dict, *, profile=DEFAULT_PROFILE, backend=
     ``dry_run``: change nothing, only return the list (``print(*entries, sep="\\n")`` shows it).
     ``max_rows``: cap the rows of one GEMM call (see :class:`~cpemu.torch.FP8Linear`)."""
     get_profile(profile)
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model: must be a torch.nn.Module, a vortex StripedHyena (got {type(model).__name__})")
     if not hasattr(state_dict, "keys"):
         raise ValueError(f"state_dict: must be a mapping of the checkpoint's keys (got {type(state_dict).__name__})")
     found = fp8_projections(model)

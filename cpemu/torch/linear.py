@@ -138,6 +138,10 @@ class FP8Linear(torch.nn.Module):
 
     def forward_fp8(self, x_fp8: torch.Tensor) -> torch.Tensor:
         """The GEMM on an already quantised (tokens, in_features) E4M3 input; bf16 (tokens, out_features)."""
+        if not isinstance(x_fp8, torch.Tensor) or x_fp8.dtype != torch.float8_e4m3fn or x_fp8.dim() != 2:
+            raise ValueError(f"input: forward_fp8 takes a 2-D float8_e4m3fn tensor of (tokens, in_features) codes "
+                             f"(got {getattr(x_fp8, 'dtype', type(x_fp8).__name__)} of shape "
+                             f"{tuple(getattr(x_fp8, 'shape', ()))})")
         M, K = x_fp8.shape
         if K != self.in_features:
             raise ValueError(f"input: last dimension must be in_features = {self.in_features} (got {K})")

@@ -56,6 +56,11 @@ class TEObject:
         return f"{self.cls.rsplit('.', 1)[-1]}({inner})"
 
 
+#: the most elements an _extra_state scale or amax history may hold (TE keeps 3 scales per GEMM and
+#: an amax history of at most a few thousand steps)
+_MAX_STATE_ELEMENTS = 1 << 20
+
+
 def _te_class(dotted: str):
     """A callable that the unpickler uses for TE's class ``dotted``: calls and ``__new__`` give a TEObject."""
 
@@ -249,11 +254,28 @@ def read_extra_state(value, what: str = "_extra_state") -> DelayedScalingState |
     recipe = state.get("recipe")
     if isinstance(recipe, TEObject) and not recipe.cls.endswith(".DelayedScaling"):
         raise ValueError(f"{what}: recipe {recipe.cls} is not delayed scaling")
-    f32 = lambda t: torch.as_tensor(t).detach().to("cpu", torch.float32).clone()  # noqa: E731
+    def f32(field):
+        t = state[field]
+        if not isinstance(t, torch.Tensor):  # a list or number: its size is the pickle's own
+            try:
+                t = torch.as_tensor(t)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise ValueError(f"{what}: {field} must be a tensor of numbers (got {type(state[field]).__name__}: "
+                                 f"{e})") from None
+        if t.is_complex() or t.dtype == torch.bool:
+            raise ValueError(f"{what}: {field} must be a real tensor (got {t.dtype})")
+        if t.numel() > _MAX_STATE_ELEMENTS:  # checked before the copy (an expanded view may claim any size)
+            raise ValueError(f"{what}: {field} has {t.numel()} elements; TE keeps a few per GEMM "
+                             f"(at most {_MAX_STATE_ELEMENTS} accepted)")
+        return t.detach().to("cpu", torch.float32).clone()
+
+    extra = state.get("extra_fp8_variables") or {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"{what}: extra_fp8_variables must be a dict (got {type(extra).__name__})")
     return DelayedScalingState(
-        scale_fwd=f32(state["scale_fwd"]).reshape(-1), amax_history_fwd=f32(state["amax_history_fwd"]),
-        scale_inv_fwd=f32(state["scale_inv_fwd"]).reshape(-1) if state.get("scale_inv_fwd") is not None else None,
-        recipe=_recipe_fields(recipe), extra=dict(state.get("extra_fp8_variables") or {}), source=source)
+        scale_fwd=f32("scale_fwd").reshape(-1), amax_history_fwd=f32("amax_history_fwd"),
+        scale_inv_fwd=f32("scale_inv_fwd").reshape(-1) if state.get("scale_inv_fwd") is not None else None,
+        recipe=_recipe_fields(recipe), extra=dict(extra), source=source)
 
 
 def write_extra_state(scale_fwd, amax_history_fwd, *, fmt: str = "te2", scale_bwd=None, amax_history_bwd=None,
