@@ -100,6 +100,24 @@ def test_rowwise_v2_and_refused_recipes():
             torch.ops.aten._scaled_mm_v2(a, w.t(), [sa], [4], [], [sb], [1], [], None, torch.bfloat16)
 
 
+def test_v2_recipes_must_match_the_scale_shapes():
+    """The drop-in reads tensorwise or rowwise off the scales' shapes; under _scaled_mm_v2 the
+    recipe says it, and a disagreement is refused as torch refuses it (never computed as the
+    other recipe). Rowwise with one-element scales (M = 1) is not emulated."""
+    a = torch.zeros(16, 32).to(torch.float8_e4m3fn)
+    w = torch.zeros(16, 32).to(torch.float8_e4m3fn)
+    v2 = torch.ops.aten._scaled_mm_v2
+    one = torch.ones(())
+    with ct.dispatch():
+        with pytest.raises(RuntimeError, match=r"^scale_a must have 1 Float element for TensorWise scaling"):
+            v2(a, w.t(), [torch.ones(16, 1)], [0], [0], [torch.ones(1, 16)], [0], [0], None, torch.bfloat16)
+        with pytest.raises(RuntimeError, match=r"^scale_a must have shape \(16, 1\) for RowWise scaling"):
+            v2(a, w.t(), [one], [1], [0], [one], [1], [0], None, torch.bfloat16)
+        with pytest.raises(cpemu.ProfileFeatureError, match=r"^scale_a: a RowWise recipe with one-element scales"):
+            v2(a[:1], w.t(), [torch.ones(1, 1)], [1], [0], [torch.ones(1, 16)], [1], [0], None, torch.bfloat16)
+        assert v2(a, w.t(), [one], [0], [0], [one], [0], [0], None, torch.bfloat16).shape == (16, 16)
+
+
 def test_nested_profiles_and_bad_arguments(evo2_1b):
     a, w, one, ref = evo2_1b
     ada = _reference(a, w.t(), one, one, torch.bfloat16, True, profile="ada-rtx4060-torch")

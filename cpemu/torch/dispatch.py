@@ -54,6 +54,27 @@ def _v2_scales(scale, recipe, swizzle, which: str):
     return scale[0], recipe[0]
 
 
+def _check_v2_scale_shapes(a, b, sa, sb, recipe) -> None:
+    """The scales' shapes must be the recipe's: the drop-in infers tensorwise or rowwise from the
+    shapes, so a disagreement would compute another call than torch's (which raises there). A
+    rowwise recipe whose scales have one element (M or N of 1) would run torch's rowwise epilogue:
+    not emulated, refused."""
+    if not all(isinstance(t, torch.Tensor) for t in (a, b, sa, sb)) or a.dim() != 2 or b.dim() != 2:
+        return  # the drop-in's own checks name these
+    M, N = a.shape[0], b.shape[1]
+    for t, which, rows in ((sa, "a", (M, 1)), (sb, "b", (1, N))):
+        if recipe == _TENSORWISE and t.numel() != 1:
+            raise RuntimeError(f"scale_{which} must have 1 Float element for TensorWise scaling "
+                               f"(got shape {tuple(t.shape)})")
+        if recipe == _ROWWISE:
+            if tuple(t.shape) != rows:
+                raise RuntimeError(f"scale_{which} must have shape {rows} for RowWise scaling "
+                                   f"(got shape {tuple(t.shape)})")
+            if t.numel() == 1:
+                raise ProfileFeatureError(f"scale_{which}: a RowWise recipe with one-element scales (M or N of 1) "
+                                          f"runs torch's rowwise epilogue, which cpemu does not emulate there")
+
+
 def _kernels(profile, backend) -> dict:
     def mm(self, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
         return scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum,
@@ -73,6 +94,7 @@ def _kernels(profile, backend) -> dict:
         if ra != rb:
             raise ProfileFeatureError(f"scale recipes: a's and b's must both be tensorwise or both rowwise "
                                       f"(got {ra} and {rb})")
+        _check_v2_scale_shapes(self, mat2, sa, sb, ra)
         return mm(self, mat2, sa, sb, bias, None, out_dtype, use_fast_accum)
 
     def mm_v2_out(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias, out_dtype,
