@@ -409,3 +409,64 @@ def test_cli_verify_refuses_operands_that_do_not_fit(tmp_path, monkeypatch):
     folder = _truth_folder(tmp_path, lambda r: (r.update(M=65536, K=16384, id="big", stored="sha256"), r.pop("file")))
     r = CliRunner().invoke(main, ["verify", folder])
     assert "out: the (65536, 16) float32 output needs 0.00 GiB (plus 1.00 GiB of working memory" in r.output, r.output
+
+
+def test_te_helpers_name_their_arguments(tmp_path):
+    torch = pytest.importorskip("torch")
+    import cpemu.torch as ct
+    from cpemu.torch.te_state import load_checkpoint
+
+    for kw, match in ((dict(amax=torch.ones(2)), r"^amax: must be one number"), (dict(amax="x"), r"^amax: must be one"),
+                      (dict(amax=1.0, margin="1"), r"^margin: must be an integer"),
+                      (dict(amax=1.0, margin=5000), r"^margin: must be an integer from -126 to 126"),
+                      (dict(amax=1.0, fp8_max=0), r"^fp8_max: must be a positive finite number")):
+        with pytest.raises(ValueError, match=match):
+            ct.delayed_scaling_scale(**kw)
+    assert ct.delayed_scaling_scale(2.0, margin=np.int64(1)).item() == 112.0
+    with pytest.raises(ValueError, match=r"^x: must be a torch tensor"):
+        ct.quantize_e4m3([1.0], 1.0)
+    with pytest.raises(ValueError, match=r"^scale: must be one number"):
+        ct.quantize_e4m3(torch.ones(4), torch.ones(4))
+    for w in (None, torch.zeros(0, 64), torch.zeros(32, 64, dtype=torch.bool)):
+        with pytest.raises(ValueError, match=r"^weight: must be a non-empty 2-D bf16/fp16/fp32 tensor"):
+            ct.FP8Linear.from_weight(w, input_amax=3.0)
+    with pytest.raises(ValueError, match=r"^weight_fp8: in_features and out_features must be positive multiples"):
+        ct.FP8Linear(torch.zeros(0, 64).to(torch.float8_e4m3fn), 1.0, 1.0)
+    (tmp_path / "t.txt").write_text("not a checkpoint")
+    (tmp_path / "e.pt").write_bytes(b"")
+    torch.save([1, 2], tmp_path / "l.pt")
+    for f, match in ((str(tmp_path / "t.txt"), r"is not a torch.save checkpoint"),
+                     (str(tmp_path / "e.pt"), r"is not a torch.save checkpoint"),
+                     (str(tmp_path / "l.pt"), r"holds a list, not a state dict"),
+                     (None, r"must be a file path or a binary file object"), (5, r"must be a file path")):
+        with pytest.raises(ValueError, match=rf"^checkpoint: .*{match}"):
+            load_checkpoint(f)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["run", "--k-step", "0"], "'--k-step': 0 is not in the range x>=16"),
+    (["run", "--k-step", "24"], "--k-step must be a multiple of 16"),
+    (["run", "--jobs", "0"], "'--jobs': 0 is not in the range x>=1"),
+    (["run", "--seconds", "nan"], "--seconds finite"),
+    (["run", "--n-max", "100000000000"], "'--n-max': 100000000000 is not in the range 16<=x<=131072"),
+    (["status"], "Directory"), (["merge", "--out", "o.npz"], "Directory"),
+])
+def test_splitk_enum_cli_checks_its_options(tmp_path, args, match):
+    from cpemu.recording.splitk_enum import cli
+
+    folder = str(tmp_path / "missing")
+    r = CliRunner().invoke(cli, args[:1] + ["--dir", folder] + args[1:])
+    assert r.exit_code == 2 and match in r.output, r.output
+    assert not (tmp_path / "missing").exists()  # nothing written before the checks
+
+
+def test_dispatch_and_patch_arguments():
+    pytest.importorskip("torch")
+    import cpemu.torch as ct
+
+    for keys in (None, 5, "CPU"):
+        with pytest.raises(ValueError, match=r"^keys: must be a tuple of dispatch keys"):
+            ct.dispatch(keys=keys)
+    for cm, name in ((ct.patch(), "patch"), (ct.dispatch(), "dispatch")):
+        with pytest.raises(RuntimeError, match=rf"^{name}: __exit__ without a matching __enter__"):
+            cm.__exit__(None, None, None)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import multiprocessing as mp
 import os
 import time
@@ -510,13 +511,19 @@ def cli():
     """The complete split-K record (see the module docstring)."""
 
 
+_REC_DIR = click.Path(file_okay=False)
+_OLD_DIR = click.Path(exists=True, file_okay=False)
+_TABLE = click.Path(exists=True, dir_okay=False)
+
+
 @cli.command("run")
-@click.option("--dir", "rec", required=True)
-@click.option("--jobs", type=int, default=os.cpu_count() or 1)
-@click.option("--seconds", type=float, default=3600.0, help="stop starting new pairs after this long")
-@click.option("--n-max", type=int, default=65536)
-@click.option("--k-max", type=int, default=65536)
-@click.option("--k-step", type=int, default=16)
+@click.option("--dir", "rec", required=True, type=_REC_DIR)
+@click.option("--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1)
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=3600.0,
+              help="stop starting new pairs after this long")
+@click.option("--n-max", type=click.IntRange(16, 131072), default=65536)
+@click.option("--k-max", type=click.IntRange(16, 131072), default=65536)
+@click.option("--k-step", type=click.IntRange(min=16), default=16, help="a multiple of 16")
 @click.option("--first-n", default="", help="comma list of N whose pairs are asked first (e.g. model widths)")
 @click.option("--fast-law/--no-fast-law", default=True, show_default=True,
               help="M <= 32: ask fast accumulation only, copy it, check every 8th pair in full (a law measured "
@@ -524,8 +531,12 @@ def cli():
 @click.option("--k-law/--no-k-law", default=True, show_default=True,
               help="ask 3 of the 8 K of each 128-wide block (one per alignment class 16, 32, 64+), copy them, "
                    "check every 16th pair at every K (a law measured on the H200)")
-@click.option("--table", default=None, help="an earlier merged table this record continues: its pairs are skipped")
+@click.option("--table", default=None, type=_TABLE,
+              help="an earlier merged table this record continues: its pairs are skipped")
 def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, first_n, fast_law, k_law, table):
+    if k_step % 16 or not math.isfinite(seconds):
+        raise click.BadParameter("--k-step must be a multiple of 16 and --seconds finite "
+                                 f"(got {k_step} and {seconds})")
     try:
         first = tuple(int(x) for x in first_n.split(",") if x.strip())
     except ValueError:
@@ -536,16 +547,17 @@ def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, first_n, fast_law, k_law, 
 
 
 @cli.command("status")
-@click.option("--dir", "rec", required=True)
+@click.option("--dir", "rec", required=True, type=_OLD_DIR)
 def status_cmd(rec):
     click.echo(json.dumps(status(rec)))
 
 
 @cli.command("merge")
-@click.option("--dir", "rec", required=True)
-@click.option("--out", "out_path", required=True)
+@click.option("--dir", "rec", required=True, type=_OLD_DIR)
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
 @click.option("--splits-only", is_flag=True, help="keep only the split count of each answer")
-@click.option("--table", default=None, help="the earlier merged table the record continues (its pairs are kept)")
+@click.option("--table", default=None, type=_TABLE,
+              help="the earlier merged table the record continues (its pairs are kept)")
 def merge_cmd(rec, out_path, splits_only, table):
     click.echo(json.dumps(merge(rec, out_path, splits_only=splits_only, base=table)))
 

@@ -134,6 +134,8 @@ class dispatch(contextlib.ContextDecorator):
 
     def __init__(self, profile=DEFAULT_PROFILE, backend="auto", keys=("CPU", "CUDA")):
         get_profile(profile)  # an unknown profile fails here, not inside the block
+        if isinstance(keys, str) or not isinstance(keys, (tuple, list)):
+            raise ValueError(f"keys: must be a tuple of dispatch keys among ('CPU', 'CUDA') (got {keys!r})")
         bad = [k for k in keys if k not in ("CPU", "CUDA")]
         if bad or not keys:
             raise ValueError(f"keys: must name dispatch keys among ('CPU', 'CUDA') (got {keys!r})")
@@ -159,5 +161,8 @@ class dispatch(contextlib.ContextDecorator):
         return self
 
     def __exit__(self, *exc):
+        if not self._libs:
+            raise RuntimeError("dispatch: __exit__ without a matching __enter__ (use it as "
+                               "`with cpemu.torch.dispatch():`)")
         self._libs.pop()._destroy()
         return False

@@ -3,6 +3,8 @@ with TE's scale (:func:`delayed_scaling_scale`) and cast (:func:`quantize_e4m3`)
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ..profile import DEFAULT_PROFILE, get_profile
@@ -17,7 +19,17 @@ def delayed_scaling_scale(amax, margin: int = 0, fp8_max: float = E4M3_MAX) -> t
     """Transformer Engine's delayed-scaling scale from an amax: ``(fp8_max / amax) / 2**margin``
     in float32; 1 when amax is 0 or not finite, the largest float32 when the quotient overflows.
     Returns a 0-d float32 tensor."""
-    amax = torch.as_tensor(amax, dtype=torch.float32).detach().reshape(())
+    try:
+        amax = torch.as_tensor(amax, dtype=torch.float32).detach()
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"amax: must be one number (got {type(amax).__name__}: {e})") from None
+    if amax.numel() != 1:
+        raise ValueError(f"amax: must be one number (got shape {tuple(amax.shape)})")
+    amax = amax.reshape(())
+    if isinstance(margin, bool) or not isinstance(margin, numbers.Integral) or not -126 <= margin <= 126:
+        raise ValueError(f"margin: must be an integer from -126 to 126 (got {margin!r})")
+    if isinstance(fp8_max, bool) or not isinstance(fp8_max, numbers.Real) or not 0 < fp8_max < float("inf"):
+        raise ValueError(f"fp8_max: must be a positive finite number (got {fp8_max!r})")
     one = torch.ones((), dtype=torch.float32, device=amax.device)
     sf = (torch.tensor(fp8_max, dtype=torch.float32, device=amax.device) / amax) / (2.0 ** margin)
     sf = torch.where(amax > 0.0, sf, one)
@@ -29,7 +41,11 @@ def quantize_e4m3(x: torch.Tensor, scale) -> torch.Tensor:
     """``x * scale`` in float32, saturated to +-448 and rounded to nearest even float8_e4m3fn,
     as Transformer Engine's cast kernel does (``__nv_cvt_float_to_fp8(.., __NV_SATFINITE, ..)``);
     NaN stays NaN."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x: must be a torch tensor (got {type(x).__name__})")
     scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    if scale.numel() != 1:
+        raise ValueError(f"scale: must be one number, a per-tensor scale (got shape {tuple(scale.shape)})")
     y = x.to(torch.float32) * scale
     return torch.clamp(y, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
@@ -75,7 +91,7 @@ class FP8Linear(torch.nn.Module):
         if not isinstance(weight_fp8, torch.Tensor) or weight_fp8.dtype != torch.float8_e4m3fn \
                 or weight_fp8.dim() != 2:
             raise ValueError("weight_fp8: must be a 2-D (out_features, in_features) torch.float8_e4m3fn tensor")
-        if weight_fp8.shape[1] % 16 or weight_fp8.shape[0] % 16 or not weight_fp8.shape[1]:
+        if weight_fp8.shape[1] % 16 or weight_fp8.shape[0] % 16 or not weight_fp8.shape[1] or not weight_fp8.shape[0]:
             raise ValueError(f"weight_fp8: in_features and out_features must be positive multiples of 16, as "
                              f"torch._scaled_mm requires (got shape {tuple(weight_fp8.shape)})")
         dev = weight_fp8.device
@@ -105,6 +121,11 @@ class FP8Linear(torch.nn.Module):
         """
         if (input_amax is None) == (input_scale is None):
             raise ValueError("from_weight: pass exactly one of input_amax and input_scale")
+        if (not isinstance(weight, torch.Tensor) or not weight.dtype.is_floating_point or weight.dtype in _FP8_DTYPES
+                or weight.dim() != 2 or weight.numel() == 0):
+            raise ValueError(f"weight: must be a non-empty 2-D bf16/fp16/fp32 tensor (out_features, in_features) "
+                             f"(got {getattr(weight, 'dtype', type(weight).__name__)} of shape "
+                             f"{tuple(getattr(weight, 'shape', ()))})")
         weight = weight.detach()
         w_amax = weight.abs().max().float() if weight_amax is None else weight_amax
         w_scale = delayed_scaling_scale(w_amax, margin).to(weight.device)

@@ -54,5 +54,7 @@ class patch(contextlib.ContextDecorator):
         return self
 
     def __exit__(self, *exc):
+        if not self._saved:
+            raise RuntimeError("patch: __exit__ without a matching __enter__ (use it as `with cpemu.torch.patch():`)")
         torch._scaled_mm = self._saved.pop()
         return False

@@ -161,11 +161,20 @@ def load_checkpoint(f, map_location="cpu") -> dict:
     Like ``torch.load(f, weights_only=True)``, but it also loads what TE's checkpoints hold
     and the weights-only loader refuses: the ``io.BytesIO`` extra states of TE 1.x and the
     pickled recipes of TE >= 2.0 (as inert records). Any other global raises ValueError."""
+    name = f if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__") else type(f).__name__
+    if not (isinstance(f, (str, bytes)) or hasattr(f, "__fspath__") or hasattr(f, "read")):
+        raise ValueError(f"checkpoint: must be a file path or a binary file object (got {name})")
     try:
-        return torch.load(f, map_location=map_location, weights_only=False, pickle_module=_CheckpointPickleModule)
+        sd = torch.load(f, map_location=map_location, weights_only=False, pickle_module=_CheckpointPickleModule)
     except _Refused as e:
         raise ValueError(f"checkpoint: holds {e}, which a Transformer Engine checkpoint never holds; refused "
                          f"(a pickle can run code)") from None
+    except (OSError, EOFError, RuntimeError, ValueError, TypeError, AttributeError, pickle.UnpicklingError) as e:
+        raise ValueError(f"checkpoint: {name!s} is not a torch.save checkpoint "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    if not isinstance(sd, dict):
+        raise ValueError(f"checkpoint: {name!s} holds a {type(sd).__name__}, not a state dict")
+    return sd
 
 
 @dataclass(frozen=True)
