@@ -22,44 +22,14 @@ from .profile import Profile
 __all__ = ["file_operands", "demo_call", "check_before_inputs", "demo_operands", "scale", "save", "gemm_call",
            "gemm_record", "print_gemm"]
 
-def _check_npy_size(path: str, arg: str) -> None:
-    """Compare a .npy header's shape with the bytes the file holds, before anything is allocated
-    (a header may claim any size). Files whose header numpy cannot parse are left to the readers."""
-    try:
-        with open(path, "rb") as f:
-            major, _ = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-            shape, _, dtype = read(f)
-            data = os.fstat(f.fileno()).st_size - f.tell()
-    except (OSError, ValueError, EOFError, SyntaxError, TypeError):
-        return
-    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
-    if dtype.hasobject or need != data:
-        raise click.ClickException(f"{arg}: {path} is not a readable .npy file of FP8 codes (its header says "
-                                   f"shape {shape} of {dtype}, {need} bytes, and the file holds {data})")
+#: the descr np.save writes for an ml_dtypes float8_e5m2 array (np.load cannot read it)
+_E5M2_DESCR = ("<f1", "|f1", ">f1")
 
 
-def _read_npy(path: str, arg: str) -> np.ndarray:
-    """The array of a .npy file, or a ClickException naming the option, the file and the rule."""
-    _check_npy_size(path, arg)
-    try:
-        x = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        x = _read_e5m2_npy(path)
-        if isinstance(x, str):
-            raise click.ClickException(f"{arg}: {path} is not a readable .npy file of FP8 codes ({x})") from None
-        if x is None:
-            raise click.ClickException(f"{arg}: {path} is not a readable .npy file of FP8 codes "
-                                       f"({type(e).__name__}: {' '.join(str(e).split())})") from None
-    if not isinstance(x, np.ndarray):  # an .npz archive under another name
-        raise click.ClickException(f"{arg}: {path} is an .npz archive, not a .npy file of one array")
-    return x
-
-
-def _read_e5m2_npy(path: str):
-    """The codes of a .npy file that np.save wrote from an ml_dtypes float8_e5m2 array (its
-    header says descr '<f1', which np.load cannot read), as float8_e5m2; None for any other file,
-    and a message for such a file whose shape is not valid or does not match its bytes."""
+def _npy_header(path: str):
+    """(header dict, offset of the data, bytes after it) of a .npy file, parsed without numpy's
+    dtype check (which refuses float8_e5m2's '<f1'); None where there is no readable header
+    (np.load then says why)."""
     import ast
 
     try:
@@ -67,22 +37,56 @@ def _read_e5m2_npy(path: str):
             major, _ = np.lib.format.read_magic(f)
             size = int.from_bytes(f.read(2 if major == 1 else 4), "little")
             head = ast.literal_eval(f.read(size).decode("latin1"))
-            if not isinstance(head, dict) or head.get("descr") not in ("<f1", "|f1", ">f1"):
-                return None
-            shape = head.get("shape")
-            if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                       for d in shape):
-                return f"float8_e5m2 codes with shape {shape!r}: not a tuple of sizes"
-            n = int(np.prod(shape, dtype=object))
-            held = os.fstat(f.fileno()).st_size - f.tell()
-            if n != held:  # before any allocation
-                return f"its header says float8_e5m2 codes of shape {shape}, {n} bytes, and the file holds {held}"
-            codes = np.fromfile(f, dtype=np.uint8, count=n)
-    except (OSError, ValueError, SyntaxError, KeyError, TypeError, MemoryError):
+            offset = f.tell()
+            held = os.fstat(f.fileno()).st_size - offset
+    except (OSError, ValueError, SyntaxError, TypeError, MemoryError):
         return None
-    if codes.size != n:
-        return None
-    return codes.reshape(shape, order="F" if head.get("fortran_order") else "C").view(ml_dtypes.float8_e5m2)
+    return (head, offset, held) if isinstance(head, dict) else None
+
+
+def _check_npy_size(path: str, arg: str, header) -> None:
+    """Compare a .npy header's shape with the bytes the file holds, before anything is allocated
+    (a header may claim any size). Shapes and dtypes numpy cannot parse are left to np.load."""
+    head, _, held = header
+    shape, e5m2 = head.get("shape"), head.get("descr") in _E5M2_DESCR
+    bad = f"{arg}: {path} is not a readable .npy file of FP8 codes"
+    if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                               for d in shape):
+        if e5m2:
+            raise click.ClickException(f"{bad} (float8_e5m2 codes with shape {shape!r}: not a tuple of sizes)")
+        return
+    try:
+        dtype = np.dtype("u1" if e5m2 else head.get("descr"))
+    except (TypeError, ValueError):
+        return
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if e5m2 and need != held:
+        raise click.ClickException(f"{bad} (its header says float8_e5m2 codes of shape {shape}, {need} bytes, "
+                                   f"and the file holds {held})")
+    if dtype.hasobject or need != held:
+        raise click.ClickException(f"{bad} (its header says shape {shape} of {dtype}, {need} bytes, and the file "
+                                   f"holds {held})")
+
+
+def _read_npy(path: str, arg: str) -> np.ndarray:
+    """The array of a .npy file, or a ClickException naming the option, the file and the rule.
+    np.save writes an ml_dtypes float8_e5m2 array with descr '<f1'; its codes are read as
+    float8_e5m2."""
+    header = _npy_header(path)
+    if header is not None:
+        _check_npy_size(path, arg, header)
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        if header is None or header[0].get("descr") not in _E5M2_DESCR:
+            raise click.ClickException(f"{arg}: {path} is not a readable .npy file of FP8 codes "
+                                       f"({type(e).__name__}: {' '.join(str(e).split())})") from None
+        head, offset, held = header
+        codes = np.fromfile(path, dtype=np.uint8, count=held, offset=offset)  # held: checked against the shape
+        x = codes.reshape(head["shape"], order="F" if head.get("fortran_order") else "C").view(ml_dtypes.float8_e5m2)
+    if not isinstance(x, np.ndarray):  # an .npz archive under another name
+        raise click.ClickException(f"{arg}: {path} is an .npz archive, not a .npy file of one array")
+    return x
 
 
 def _load_operand(path: str, fmt_name: str | None, arg: str) -> np.ndarray:

@@ -263,11 +263,11 @@ def proposed_verified(old: dict, rows) -> dict:
     out = {}
     for tile in sorted(set(old) | set(ok) | set(bad), key=int):
         v = old.get(tile, 1)
-        counts = (set(v) if isinstance(v, list) else set(range(2, v + 1))) | ok.get(tile, set())
+        had = set(v) if isinstance(v, list) else set(range(2, v + 1))
         failed = bad.get(tile, set())
-        if failed & (set(v) if isinstance(v, list) else set(range(2, v + 1))):
+        if failed & had:
             raise ValueError(f"tile {tile}: split counts {sorted(failed)} failed but are verified already")
-        counts -= failed
+        counts = (had | ok.get(tile, set())) - failed
         top = max(counts, default=1)
         if counts == set(range(2, top + 1)):
             out[tile] = top

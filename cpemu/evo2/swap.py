@@ -32,10 +32,9 @@ import torch.nn.functional as F
 
 from ..callers import te_schedule
 from ..profile import DEFAULT_PROFILE, get_profile
+from ..torch.dtypes import _FP8
 from ..torch.linear import FP8Linear, quantize_e4m3
 from ..torch.te_state import read_extra_state
-
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 __all__ = ["TEProjection", "SwapEntry", "swap_fp8_projections", "fp8_projections", "is_vortex_telinear"]
 

@@ -10,6 +10,7 @@ import torch
 from ..profile import DEFAULT_PROFILE, get_profile
 from .api import scaled_mm
 from .chunking import row_chunks
+from .dtypes import _FP8
 
 #: Largest finite float8_e4m3fn value (Transformer Engine's ``fp8_max`` for E4M3).
 E4M3_MAX = 448.0
@@ -121,7 +122,7 @@ class FP8Linear(torch.nn.Module):
         """
         if (input_amax is None) == (input_scale is None):
             raise ValueError("from_weight: pass exactly one of input_amax and input_scale")
-        if (not isinstance(weight, torch.Tensor) or not weight.dtype.is_floating_point or weight.dtype in _FP8_DTYPES
+        if (not isinstance(weight, torch.Tensor) or not weight.dtype.is_floating_point or weight.dtype in _FP8
                 or weight.dim() != 2 or weight.numel() == 0):
             raise ValueError(f"weight: must be a non-empty 2-D bf16/fp16/fp32 tensor (out_features, in_features) "
                              f"(got {getattr(weight, 'dtype', type(weight).__name__)} of shape "
@@ -181,7 +182,7 @@ class FP8Linear(torch.nn.Module):
         return y[:M] if pad else y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dtype in _FP8_DTYPES:
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dtype in _FP8:
             raise ValueError(f"input: must be a floating-point tensor (bf16, fp16 or fp32), quantised here with "
                              f"input_scale; pass E4M3 codes to forward_fp8 (got "
                              f"{getattr(x, 'dtype', type(x).__name__)})")
@@ -193,8 +194,6 @@ class FP8Linear(torch.nn.Module):
         y = self.forward_fp8(q)
         return y.reshape(*lead, self.out_features)
 
-
-_FP8_DTYPES = {torch.float8_e4m3fn, torch.float8_e5m2}
 
 
 def _scalar_scale(value, name: str, device) -> torch.Tensor:

@@ -48,13 +48,19 @@ def _device_codes(cupy, a, b):
     return cupy.asarray(a.detach().view(torch.uint8)), cupy.asarray(b.detach().view(torch.uint8)).T
 
 
+def _dense(a, b) -> tuple:
+    """Whether ``a`` (M, K) is C-contiguous and ``b`` (K, N) the transpose of a C-contiguous (N, K)."""
+    return (a.stride(1) == 1 and a.stride(0) == a.shape[1]), (b.stride(0) == 1 and b.stride(1) == b.shape[0])
+
+
 def _dense_operands(a, b):
     """``a`` row-major and ``b`` column-major with padded leading dimensions (which torch
     accepts), made dense on the device: a (M, K) C-contiguous, b the transpose of a
     C-contiguous (N, K)."""
-    if a.stride(1) != 1 or a.stride(0) != a.shape[1]:
+    dense_a, dense_b = _dense(a, b)
+    if not dense_a:
         a = a.contiguous()
-    if b.stride(0) != 1 or b.stride(1) != b.shape[0]:
+    if not dense_b:
         b = b.t().contiguous().t()
     return a, b
 
@@ -196,10 +202,8 @@ def _general_call(a, b, scale_a, scale_b, bias, prof, out_dt, use_fast_accum, ba
 def _copy_bytes(a, b) -> int:
     """Bytes of the host copies the general route makes: a (M, K) and b's transpose (N, K) as
     dense codes, each unless it is dense already (an expanded, zero-stride view is not)."""
-    M, K = a.shape
-    N = b.shape[1]
-    dense_a = a.stride(1) == 1 and a.stride(0) == K
-    dense_b = b.stride(0) == 1 and b.stride(1) == K
+    (M, K), N = a.shape, b.shape[1]
+    dense_a, dense_b = _dense(a, b)
     return (0 if dense_a else M * K) + (0 if dense_b else N * K)
 
 
