@@ -13,16 +13,19 @@ A profile's schedule turns a call (M, N, K, fast_accum) into a :class:`Plan`:
   elements long except the last (``g``, the granularity, is the kernel's K tile),
   each accumulated from zero; the FP32 partials are added in slice order with
   round-to-nearest FP32 adds (see the profile's ``split_k`` for the source of the
-  number of splits, :mod:`cpemu.splitk`).
+  number of splits, :mod:`cpemu.splitk`);
+* the end of K the kernel leaves out (:func:`covered_k`): with many slices, the H200's kernels
+  cut K down to a multiple of 32 when that leaves a whole number of K tiles per slice, and the
+  last 16 elements then take no part in the sum.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .splitk import SplitKRule, UnsupportedShape  # re-exported: the rule lives in cpemu.splitk
+from .splitk import SplitKRule, UnsupportedShape, covered_k  # re-exported: the rules live in cpemu.splitk
 
-__all__ = ["Plan", "slices_for", "SplitKRule", "UnsupportedShape"]
+__all__ = ["Plan", "covered_k", "slices_for", "SplitKRule", "UnsupportedShape"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +48,4 @@ def slices_for(K: int, splits: int, granularity: int) -> tuple:
     tiles = -(-K // granularity)
     per = -(-tiles // max(1, splits)) * granularity
     return tuple((k, min(k + per, K)) for k in range(0, K, per))
+

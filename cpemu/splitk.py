@@ -27,7 +27,7 @@ from importlib import resources
 
 from .splitk_complete import lookup
 
-__all__ = ["UnsupportedShape", "SplitKRule", "split_bound", "splits_from_rule", "load_table", "combo_key",
+__all__ = ["UnsupportedShape", "SplitKRule", "covered_k", "split_bound", "splits_from_rule", "load_table", "combo_key",
            "no_algorithm", "split_verified"]
 
 
@@ -94,6 +94,21 @@ def _from_points(params: dict, M: int, N: int, K: int, key: str, base_dir) -> st
     return doc["tables"].get(key, "")[i] if i is not None and key in doc["tables"] else "?"
 
 
+def covered_k(K: int, splits: int, granularity: int, tail: dict | None) -> int:
+    """How much of K the kernel sums: all of it, except where the profile's ``tail`` rule holds.
+
+    ``tail`` = {"min_splits": m, "align": a}: with at least m slices and K not a multiple of a,
+    K rounded down to a multiple of a is what the slices cover when it is a whole number of K
+    tiles per slice; the elements beyond it are left out. Otherwise the kernel slices all of K
+    (:func:`cpemu.schedule.slices_for`). Measured on the H200's outputs (the profile's
+    ``tail.source``); ``tail["verified"]`` lists per tile the split counts where the cut was seen
+    (:func:`_verified` refuses the others)."""
+    if not tail or splits < tail["min_splits"] or K % tail["align"] == 0:
+        return K
+    cut = K - K % tail["align"]
+    return cut if cut > 0 and cut % (splits * granularity) == 0 else K
+
+
 def split_verified(params: dict, tile, s: int) -> bool:
     """Whether cpemu's slicing was reproduced bit for bit on the GPU for ``s`` slices with kernel
     tile ``tile``. ``params["verified_splits"]`` maps a tile id to the largest such count (every
@@ -104,11 +119,19 @@ def split_verified(params: dict, tile, s: int) -> bool:
     return s in v if isinstance(v, list) else s <= v
 
 
-def _verified(params: dict, config: dict, M: int, N: int, K: int, key: str) -> int:
+def _verified(params: dict, config: dict, M: int, N: int, K: int, key: str, tail: dict | None = None,
+              granularity: int = 128) -> int:
     """The split count of a recorded configuration, where cpemu's slicing was checked for its tile
-    (:func:`split_verified`); other counts are refused."""
+    (:func:`split_verified`) and, where the tail rule cuts K (:func:`covered_k`), the cut was seen
+    for its tile and count; other counts are refused."""
     s = config["splitk_num"]
-    if "verified_splits" not in params or split_verified(params, config.get("tile_id"), s):
+    tile = config.get("tile_id")
+    if covered_k(K, s, granularity, tail) != K and s not in tail.get("verified", {}).get(str(tile), []):
+        raise UnsupportedShape(
+            f"cuBLASLt splits K into {s} slices for M={M}, N={N}, K={K} ({key}) with tile id {tile}; with this "
+            f"many slices the H200's kernels were seen to leave the last {K % tail['align']} elements of such a K "
+            f"out, but not yet with this tile and count", "unverified-split")
+    if "verified_splits" not in params or split_verified(params, tile, s):
         return s
     v = params["verified_splits"].get(str(config.get("tile_id")), 1)
     checked = f"up to {v} slices" if not isinstance(v, list) else f"for {', '.join(map(str, v))} slices"
@@ -119,7 +142,7 @@ def _verified(params: dict, config: dict, M: int, N: int, K: int, key: str) -> i
 
 
 def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, combo: tuple,
-                     base_dir: str | None = None) -> int:
+                     base_dir: str | None = None, tail: dict | None = None, granularity: int = 128) -> int:
     u = split_bound(params["bound"], M, N, K)
     if u <= 1:
         return 1
@@ -130,7 +153,7 @@ def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, com
     if s is None and "complete_file" in params:
         s = lookup(params["complete_file"], base_dir, M, N, K, key)
         if isinstance(s, dict):
-            s = _verified(params, s, M, N, K, key)
+            s = _verified(params, s, M, N, K, key, tail, granularity)
     if s is None:
         raise UnsupportedShape(
             f"cuBLASLt may split K for M={M}, N={N}, K={K} ({key}): up to {u} slices fit the K and workspace "
@@ -159,6 +182,7 @@ class SplitKRule:
     domain: dict | None = None  # {"M": [lo, hi], "N": [lo, hi], "K": [lo, hi], "extra_NK": [[N, K], ...]}
     params: dict | None = None
     base_dir: str | None = None  # where the params' table files lie; None: the shipped profiles
+    tail: dict | None = None  # where the kernel leaves the end of K out (cpemu.schedule.covered_k)
 
     def splits(self, M: int, N: int, K: int, fast_accum: bool, combo: tuple = ("e4m3", "e4m3", "bfloat16")) -> int:
         """Number of split-K slices; ``combo`` is (a_format, b_format, out_dtype)."""
@@ -173,7 +197,8 @@ class SplitKRule:
                                        f"the GPU library's schedule there is unknown", "outside-domain")
         if self.kind == "none":
             return 1
-        return splits_from_rule(self.params or {}, M, N, K, fast_accum, combo, self.base_dir)
+        return splits_from_rule(self.params or {}, M, N, K, fast_accum, combo, self.base_dir, self.tail,
+                                self.granularity)
 
 
 def no_algorithm(spec: dict | None, M: int, N: int, K: int, fast_accum: bool, has_bias: bool) -> str | None:

@@ -113,6 +113,11 @@ def write_table(path: str, meta: dict, pairs: dict, configs: list, marks: dict |
     if len(configs) >= SAME:
         raise ValueError(f"write_table: {len(configs)} configurations do not fit 16-bit ids")
     keys = sorted(pairs, key=lambda mn: pair_key(*mn))
+    # configurations in sorted order, so that a table's bytes do not depend on the order of its merges
+    order = sorted(range(len(configs)), key=lambda i: tuple(configs[i]))
+    renumber = np.arange(NONE + 1, dtype=np.int64)
+    renumber[order] = np.arange(len(configs))
+    configs = [configs[i] for i in order]
     grid_cols = {}
     for mn in keys:
         cols = []
@@ -120,7 +125,7 @@ def write_table(path: str, meta: dict, pairs: dict, configs: list, marks: dict |
             r = np.asarray(pairs[mn][key], np.int64)
             if r[-2] != meta["nk"]:
                 raise ValueError(f"write_table: the runs of {mn} {key} end at {r[-2]}, not at the grid's end")
-            cols.append(np.repeat(r[1::2], np.diff(np.concatenate(([0], r[0::2])))))
+            cols.append(renumber[np.repeat(r[1::2], np.diff(np.concatenate(([0], r[0::2]))))])
         grid_cols[mn] = cols
     if meta.get("store") == "k-law":
         idx = stored_index(meta) if _k_law_ready(meta) else None

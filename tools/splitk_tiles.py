@@ -10,6 +10,7 @@ other slicings, to say which one the kernel uses).
     python tools/splitk_tiles.py native --cases cases.json --out native.npz  # GPU host with torch
     python tools/splitk_tiles.py verdict --cases cases.json --native native.npz --out verdict.json
     python tools/splitk_tiles.py probe --M 1 --N 48 --K 45712 --out probe.json  # GPU: where slices end
+    python tools/splitk_tiles.py rejudge --verdict verdict.json --out now.json  # CPU: under today's profile
 
 Operands: random finite FP8 codes (numpy seed per case, the same on both machines), unit
 tensorwise scales, no bias. ``native`` also asks the heuristic (as torch asks) whether it still
@@ -26,8 +27,11 @@ import time
 import click
 import numpy as np
 
-#: slicings tried where the profile's does not reproduce the output: (name, granularity, layout, order)
-SLICINGS = (("profile", 128, "ceil", "in"), ("reverse", 128, "ceil", "reverse"), ("g64", 64, "ceil", "in"),
+#: slicings tried where the profile's does not reproduce the output: (name, granularity, layout, order);
+#: "profile" is the profile's own (its tail rule included, :func:`profile_slices`), "ceil" the same
+#: without the tail rule (what the first verdict judged)
+SLICINGS = (("profile", 128, "profile", "in"), ("ceil", 128, "ceil", "in"),
+            ("reverse", 128, "ceil", "reverse"), ("g64", 64, "ceil", "in"),
             ("g256", 256, "ceil", "in"), ("balanced", 128, "balanced", "in"),
             ("balanced-last", 128, "balanced-last", "in"))
 
@@ -45,9 +49,19 @@ def operands(case):
     return _codes(rng, (case["M"], case["K"]), a), _codes(rng, (case["N"], case["K"]), b)
 
 
+def profile_slices(K, s, profile_name="hopper-h200-torch"):
+    """The slices the profile's plan sums for ``s`` slices (cpemu.schedule.covered_k, slices_for)."""
+    import cpemu
+
+    prof = cpemu.get_profile(profile_name)
+    return prof._slices(prof.split_rule("tensorwise"), K, s)
+
+
 def slices(K, s, g, layout):
     """Contiguous slices of K tiles of g: ``ceil`` (the profile's: ceil(tiles/s) each, the last
     shorter), ``balanced`` / ``balanced-last`` (tiles // s each, the first / last tiles % s one more)."""
+    if layout == "profile":
+        return profile_slices(K, s)
     tiles = -(-K // g)
     if layout == "ceil":
         per = -(-tiles // s) * g
@@ -79,21 +93,46 @@ def unverified_configs(profile_name="hopper-h200-torch"):
     return table, out
 
 
-def make_cases(per: int, profile_name="hopper-h200-torch"):
-    table, bad = unverified_configs(profile_name)
+def tail_configs(table, profile_name="hopper-h200-torch"):
+    """{config id: (tile, split, reduction)} of the complete table whose split count the profile's
+    tail rule covers (cpemu.schedule.covered_k) but whose cut was not seen for its tile, and per id
+    the K of the table's grid where the rule cuts K."""
+    import cpemu
+    from cpemu.schedule import covered_k
+
+    rule = cpemu.get_profile(profile_name).split_rule("tensorwise")
+    tail = rule.tail or {}
+    f = table.meta["fields"]
+    ti, si, ri = f.index("tile_id"), f.index("splitk_num"), f.index("reduction_scheme")
     ks = table.meta["k0"] + table.meta["k_step"] * np.arange(table.meta["nk"])
-    best = {}  # (tile, s, red) -> {(M, N): (cost, K, combo)}
-    ids = np.array(sorted(bad))
+    out, cut = {}, {}
+    for i, c in enumerate(table.configs):
+        tile, s = int(c[ti]), int(c[si])
+        if tail and s >= tail["min_splits"] and s not in tail.get("verified", {}).get(str(tile), []):
+            out[i] = (tile, s, int(c[ri]))
+            cut[i] = np.array([covered_k(int(K), s, rule.granularity, tail) != K for K in ks.tolist()])
+    return out, cut
+
+
+def make_cases(per: int, profile_name="hopper-h200-torch"):
+    """Cheap calls of every configuration to check: split counts above the verified ones, and
+    (``"tail": true``) counts whose tail cut was not seen for the tile, at a K where it cuts."""
+    table, bad = unverified_configs(profile_name)
+    tails, cut = tail_configs(table, profile_name)
+    ks = table.meta["k0"] + table.meta["k_step"] * np.arange(table.meta["nk"])
+    best = {}  # (tile, s, red, tail) -> {(M, N): (cost, K, combo)}
+    ids, tail_ids = np.array(sorted(bad)), np.array(sorted(tails))
     for p, key in enumerate(table.pairs.tolist()):
         M, N = key >> 20, key & 0xFFFFF
         for combo, j in table.combo.items():
             col = table.column(p, j)
-            hit = np.isin(col, ids)
-            if not hit.any():
-                continue
-            for cid in np.unique(col[hit]).tolist():
-                i = int(np.argmax(col == cid))  # the smallest K with this configuration
-                cfg = bad[cid]
+            picks = [(cid, col == cid, bad[cid] + (False,)) for cid in np.unique(col[np.isin(col, ids)]).tolist()]
+            picks += [(cid, (col == cid) & cut[cid], tails[cid] + (True,))
+                      for cid in np.unique(col[np.isin(col, tail_ids)]).tolist()]
+            for cid, where, cfg in picks:
+                if not where.any():
+                    continue
+                i = int(np.argmax(where))  # the smallest such K with this configuration
                 cost = M * N * int(ks[i])
                 d = best.setdefault(cfg, {})
                 if (M, N) not in d or cost < d[(M, N)][0]:
@@ -103,7 +142,7 @@ def make_cases(per: int, profile_name="hopper-h200-torch"):
         picks = sorted(best[cfg].items(), key=lambda kv: kv[1][0])[:per]
         for (M, N), (cost, K, combo) in picks:
             cases.append({"tile": cfg[0], "splits": cfg[1], "reduction": cfg[2], "M": M, "N": N, "K": K,
-                          "combo": combo, "macs": cost, "seed": len(cases)})
+                          "combo": combo, "macs": cost, "seed": len(cases), **({"tail": True} if cfg[3] else {})})
     return cases
 
 
@@ -228,8 +267,9 @@ def _check(job):
     got = {}
     for name in names:
         got[name] = bool(np.array_equal(emulate(case, name), want))
-        if name == "profile" and got[name]:
-            break  # the profile's slicing reproduces it: no need for the others
+        if name == "profile" and got[name] and not case.get("tail"):
+            break  # the profile's slicing reproduces it: no need for the others (a tail case also
+            # asks whether the slicing without the cut would have, i.e. whether the call tells them apart)
     return got
 
 
@@ -240,11 +280,43 @@ def verdict(cases, native, jobs=1, names=tuple(s[0] for s in SLICINGS)):
             res = pool.map(_check, work, chunksize=1)
     else:
         res = [_check(w) for w in work]
-    rows = [dict(c, match=r, sha256=hashlib.sha256(native[f"c{i}"].tobytes()).hexdigest())
+    rows = [dict(c, match=r, layout="profile", sha256=hashlib.sha256(native[f"c{i}"].tobytes()).hexdigest())
             for i, (c, r) in enumerate(zip(cases, res))]
     par = _params()
     return {"rows": rows, "matched": sum(r["match"].get("profile", False) for r in rows), "cases": len(rows),
             "proposed_verified_splits": proposed_verified(par.get("verified_splits", {}), rows)}
+
+
+def rejudge(doc, jobs=1):
+    """A verdict's rows judged again under the profile's slicing as it is now, from the H200
+    outputs' sha256: a row whose profile slicing is the one it was judged under keeps its
+    verdict; the others are emulated again (``match_before`` keeps the earlier verdict)."""
+    rows, work = [], []
+    for r in doc["rows"]:
+        judged = slices(r["K"], r["splits"], 128, r.get("layout", "ceil"))
+        now = profile_slices(r["K"], r["splits"])
+        if now == judged:
+            rows.append(dict(r, layout="profile"))
+        else:
+            work.append(len(rows))
+            rows.append(r)
+    jobs_in = [(rows[i],) for i in work]
+    if jobs > 1:
+        with mp.get_context("spawn").Pool(jobs) as pool:
+            got = pool.map(_hash_profile, jobs_in, chunksize=1)
+    else:
+        got = [_hash_profile(j) for j in jobs_in]
+    for i, h in zip(work, got):
+        r = rows[i]
+        rows[i] = dict(r, layout="profile", match_before=r["match"], rejudged=True,
+                       match={"profile": h == r["sha256"]})
+    return {"rows": rows, "matched": sum(r["match"].get("profile", False) for r in rows), "cases": len(rows),
+            "rejudged": len(work), "native": doc.get("native"),
+            "proposed_verified_splits": proposed_verified(_params().get("verified_splits", {}), rows)}
+
+
+def _hash_profile(job):
+    return hashlib.sha256(emulate(job[0], "profile").tobytes()).hexdigest()
 
 
 def _params(profile_name="hopper-h200-torch"):
@@ -336,6 +408,20 @@ def verdict_cmd(cases_path, native_path, out_path, jobs):
         json.dump(doc, f, indent=1)
     click.echo(f"{doc['matched']}/{doc['cases']} reproduced by the profile's slicing; "
                f"proposed verified_splits {doc['proposed_verified_splits']}")
+
+
+@cli.command("rejudge")
+@click.option("--verdict", "verdict_path", required=True)
+@click.option("--out", "out_path", required=True)
+@click.option("--jobs", type=int, default=1)
+def rejudge_cmd(verdict_path, out_path, jobs):
+    """A verdict judged again under the profile's slicing as it is now (CPU, from the sha256)."""
+    with open(verdict_path) as f:
+        doc = rejudge(json.load(f), jobs)
+    with open(out_path, "w") as f:
+        json.dump(doc, f, indent=1)
+    click.echo(f"{doc['matched']}/{doc['cases']} reproduced by the profile's slicing ({doc['rejudged']} judged "
+               f"again); proposed verified_splits {doc['proposed_verified_splits']}")
 
 
 if __name__ == "__main__":
