@@ -207,3 +207,23 @@ def test_probes_show_the_profile_slicing():
     assert seen == {(10, 1, 8864): (True, True), (10, 4, 35856): (True, True), (10, 7, 56336): (True, True),
                     (10, 25, 65536): (True, True), (47, 17, 45712): (True, False), (47, 17, 43536): (True, False),
                     (47, 18, 46096): (True, False), (47, 25, 64016): (True, False)}
+
+
+def test_tail_rule_refuses_unseen_cuts():
+    """A split answer whose K the tail rule cuts is given only where the cut was seen for its tile
+    and count; a profile recorded with ``cpemu record`` has seen none, so it refuses every such K
+    and still answers the K the rule leaves whole."""
+    from cpemu.recording.record import _set_split_k
+    from cpemu.schedule import UnsupportedShape
+    from cpemu.splitk import _verified
+
+    data = {"modes": {"tensorwise": {}}}
+    _set_split_k(data, {"bound": {}}, [])
+    tail = data["modes"]["tensorwise"]["split_k"]["tail"]
+    assert tail["verified"] == {} and tail["min_splits"] == 17
+    cfg = {"splitk_num": 17, "tile_id": 10}
+    with pytest.raises(UnsupportedShape, match="last 16 elements of such a K out") as e:
+        _verified({}, cfg, 1, 16, 43536, "e4m3,e4m3,bfloat16,fast", tail)
+    assert e.value.reason == "unverified-split"
+    assert _verified({}, cfg, 1, 16, 43552, "e4m3,e4m3,bfloat16,fast", tail) == 17
+    assert _verified({}, cfg, 1, 16, 43536, "e4m3,e4m3,bfloat16,fast", dict(tail, verified={"10": [17]})) == 17
