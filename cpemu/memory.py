@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["OutputTooLarge", "available_bytes", "check_output", "gib", "USABLE_SHARE"]
+__all__ = ["OutputTooLarge", "available_bytes", "check_output", "check_bytes", "gib", "USABLE_SHARE"]
 
 #: the share of the available memory a call may take (the rest stays for the machine's other work)
 USABLE_SHARE = 0.8
 
 
 class OutputTooLarge(ValueError):
-    """The call's output (plus the working set) needs more memory than this machine has available."""
+    """The call's output (plus the working set), or what a builder would allocate, needs more memory
+    than this machine has available."""
 
 
 def gib(n: int) -> str:
@@ -47,9 +48,25 @@ def check_output(M: int, N: int, out_dtype: str, working_bytes: int = 0) -> None
     from .formats import OUT_DTYPES
 
     out = M * N * OUT_DTYPES[out_dtype].itemsize
-    have = available_bytes()
-    if have is not None and out + working_bytes > have * USABLE_SHARE:
+    have = _refused(out + working_bytes)
+    if have is not None:
         raise OutputTooLarge(
             f"out: the ({M}, {N}) {out_dtype} output needs {gib(out)} (plus {gib(working_bytes)} of working "
             f"memory and operand copies) and this machine has {gib(have)} available, of which cpemu uses at most "
             f"{USABLE_SHARE:.0%}; cpemu refuses before allocating it")
+
+
+def check_bytes(what: str, need: int, have: int | None = None, where: str = "this machine") -> None:
+    """Raise :class:`OutputTooLarge` when ``need`` bytes (``what`` needs them) do not fit in ``have``
+    (default: :func:`available_bytes`), of which cpemu uses at most :data:`USABLE_SHARE`."""
+    have = _refused(need, have)
+    if have is not None:
+        raise OutputTooLarge(f"{what} needs {gib(need)}, and {gib(have)} are available on {where}, of which cpemu uses "
+                             f"at most {USABLE_SHARE:.0%}; cpemu refuses before allocating it")
+
+
+def _refused(need: int, have: int | None = None) -> int | None:
+    """The memory available (``have``, default :func:`available_bytes`) when ``need`` bytes do not fit
+    in cpemu's share of it; None when they fit or nothing is known."""
+    have = available_bytes() if have is None else have
+    return have if have is not None and need > have * USABLE_SHARE else None

@@ -16,6 +16,7 @@ import pytest
 
 import cpemu
 from cpemu.recording import splitk_enum as se
+from splitk_fixtures import fake_answer as _fake, small_plan as _small_plan  # noqa: E402
 from cpemu.recording.splitk_rule import law_counts, rows_of
 from cpemu.schedule import UnsupportedShape
 from cpemu.splitk import SplitKRule, combo_key, split_bound
@@ -215,15 +216,6 @@ def test_domain_edges():
         p.plan(1, 16, 65552, True)  # K beyond the complete record's grid
 
 
-def _fake(M, N, K, c):
-    if (M * N + K) % 97 == 0:
-        return None
-    s = 1 + (M + N + K // 256 + (c["out_dtype"] == "float16") + c["fast_accum"]) % 3
-    return (66, 10 + M % 2, 36, 4, s, 2 if s > 1 else 0, 0, 1, 0, 4 * s * M * N + 16)
-
-
-def _small_plan():
-    return se.default_plan(n_max=64, k_max=6400, k_step=16, bound=dict(se.BOUND, workspace_bytes=1 << 14))
 
 
 def _assert_table_answers(tmp_path, name, plan, ask, pairs, ks, combos):

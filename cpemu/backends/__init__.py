@@ -30,7 +30,7 @@ from typing import Protocol
 import numpy as np
 
 __all__ = ["Backend", "ProbedBackend", "LADDER", "TENSOR_CORE", "EXACT_KERNELS", "BackendUnavailable", "CallUnsupported", "get",
-           "available", "validate", "select", "status", "run"]
+           "available", "validate", "select", "check", "status", "run"]
 
 #: The ladder, fastest first: backend name -> the module that defines it (as ``BACKEND``).
 _MODULES = {
@@ -167,7 +167,7 @@ def select(backend: str, profile, call=None) -> str:
     ``profile`` on this device and, when ``call`` is given, supports it. A name is checked:
     :class:`BackendUnavailable` when it cannot run here, :class:`CallUnsupported` when it
     does not reproduce ``call``."""
-    if backend == "auto":
+    if isinstance(backend, str) and backend == "auto":
         for name in LADDER:
             if name == "reference":
                 return name
@@ -176,7 +176,7 @@ def select(backend: str, profile, call=None) -> str:
             if call is None or get(name).supports(call) is None:
                 return name
         return "reference"
-    if backend not in LADDER:
+    if not isinstance(backend, str) or backend not in LADDER:
         raise BackendUnavailable(f"backend: must be 'auto' or one of {LADDER} (got {backend!r})")
     ok, why = available(backend)
     if not ok:
@@ -186,6 +186,14 @@ def select(backend: str, profile, call=None) -> str:
         if why is not None:
             raise CallUnsupported(f"backend: {backend!r} does not reproduce this call: {why}")
     return backend
+
+
+def check(backend, profile) -> None:
+    """Raise, before any call, what :func:`select` raises at the first one for ``backend``: a name
+    that is neither ``"auto"`` nor a backend's, or a backend asked for by name that cannot run here
+    (whether it reproduces a call is known only at that call; ``"auto"`` is walked there too)."""
+    if not (isinstance(backend, str) and backend == "auto"):
+        select(backend, profile)
 
 
 def run(name: str, call, operands, on_device: bool, progress=None):

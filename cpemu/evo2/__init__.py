@@ -13,7 +13,8 @@
 
 ``swap_fp8_projections(..., dry_run=True)`` lists what it would swap and changes nothing.
 By job: ``vortex_cpu`` (importing and building vortex where it expects CUDA, saying what it
-works around), ``swap`` (the swap and :class:`TEProjection`); the TE scales are read by
+works around), ``config`` (a config's fields and sizes, checked before vortex builds it),
+``swap`` (the swap and :class:`TEProjection`); the TE scales are read by
 :mod:`cpemu.torch.te_state`. Needs torch; vortex (PyPI ``vtx``) only for ``build_model``.
 """
 

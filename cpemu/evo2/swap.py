@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .. import backends
 from ..callers import te_schedule
 from ..profile import DEFAULT_PROFILE, get_profile
 from ..torch.dtypes import _FP8
@@ -157,7 +158,7 @@ def swap_fp8_projections(model, state_dict, *, profile=DEFAULT_PROFILE, backend=
     The weight is the checkpoint's ``<name>.weight`` where present, else the module's.
     ``dry_run``: change nothing, only return the list (``print(*entries, sep="\\n")`` shows it).
     ``max_rows``: cap the rows of one GEMM call (see :class:`~cpemu.torch.FP8Linear`)."""
-    get_profile(profile)
+    backends.check(backend, get_profile(profile))  # before any swap, also for a dry run
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model: must be a torch.nn.Module, a vortex StripedHyena (got {type(model).__name__})")
     if not hasattr(state_dict, "keys"):

@@ -27,10 +27,13 @@ import functools
 import importlib
 import importlib.util
 import logging
+import numbers
 import sys
 import types
 
 import torch
+
+from .config import check_config
 
 __all__ = ["vortex_import_shims", "cpu_device_calls", "import_vortex", "build_model", "tiny_config", "tiny_model"]
 
@@ -159,10 +162,18 @@ def build_model(config: dict, *, bfloat16: bool = True):
 
     ``use_fp8_input_projections`` must be false (vortex refuses FP8 without Transformer
     Engine); swap the projections afterwards. The model's ``forward`` runs inside
-    :func:`cpu_device_calls` (a no-op on CUDA tensors)."""
+    :func:`cpu_device_calls` (a no-op on CUDA tensors).
+
+    ``config`` is checked first (:func:`cpemu.evo2.config.check_config`: ValueError naming the
+    field and the rule), and a model whose parameters would not fit in memory is refused before
+    vortex allocates any (:class:`cpemu.OutputTooLarge`)."""
+    if not isinstance(bfloat16, bool):
+        raise ValueError(f"bfloat16: must be a bool (got {type(bfloat16).__name__})")
+    n_params = check_config(config)
     if config.get("use_fp8_input_projections", False):
         raise ValueError("config: use_fp8_input_projections must be False here (vortex refuses FP8 without "
                          "Transformer Engine); build without it, then call cpemu.evo2.swap_fp8_projections")
+    _check_memory(n_params)
     vm = import_vortex()
     from vortex.model.utils import dotdict  # noqa: PLC0415 - vortex is optional
 
@@ -172,6 +183,19 @@ def build_model(config: dict, *, bfloat16: bool = True):
         model.to_bfloat16_except_pr_lc()
     model.forward = _in_cpu_device_calls(model.forward)
     return model.eval()
+
+
+def _check_memory(n_params: int) -> None:
+    """Refuse a model whose float32 parameters (vortex builds them so) do not fit where vortex builds
+    it: the GPUs where CUDA is available, else this machine's memory."""
+    from ..memory import check_bytes
+
+    what = f"config: a model of {n_params:,} parameters (float32, as vortex builds it)"
+    if torch.cuda.is_available():
+        free = sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+        check_bytes(what, 4 * n_params, free, "the GPUs")
+    else:
+        check_bytes(what, 4 * n_params)
 
 
 def _in_cpu_device_calls(forward):
@@ -184,10 +208,24 @@ def _in_cpu_device_calls(forward):
     return wrapped
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
 def tiny_config(hidden: int = 64, layers: int = 4) -> dict:
     """A small config for smoke tests and examples: vortex's evo2-1b-8k.yml with ``hidden``
     channels and ``layers`` Hyena blocks (no attention layers), FP8 off (vortex refuses FP8
-    without Transformer Engine). With random weights it is no model of DNA."""
+    without Transformer Engine). With random weights it is no model of DNA.
+
+    ``hidden``: an integer from 32 that ``hidden // 16`` divides (the short and medium filters'
+    groups: vortex needs at least 2, each of the same width), e.g. a multiple of 16;
+    ``layers``: a positive integer."""
+    if not _is_int(hidden) or hidden < 32 or hidden % (hidden // 16):
+        raise ValueError(f"hidden: must be an integer from 32 that hidden // 16 (the filters' group count) divides, "
+                         f"e.g. a multiple of 16 (got {hidden!r:.100})")
+    if not _is_int(layers) or layers < 1:
+        raise ValueError(f"layers: must be a positive integer (got {layers!r:.100})")
+    hidden, layers = int(hidden), int(layers)
     return dict(
         model_name="tiny-evo2-test", vocab_size=512, hidden_size=hidden, num_filters=hidden,
         attn_layer_idxs=[], hcs_layer_idxs=list(range(0, layers, 3)), hcm_layer_idxs=list(range(1, layers, 3)),
@@ -211,6 +249,9 @@ def tiny_model(seed: int = 0, hidden: int = 64, layers: int = 4, **overrides):
     under ``torch.manual_seed(seed)``. vortex initialises the Hyena-LI ``log_poles`` at random
     signs, which makes the long filters grow without bound; they are made negative here
     (decaying filters, as trained checkpoints hold), so the forward pass stays finite."""
+    if not _is_int(seed) or not -2 ** 63 <= seed < 2 ** 64:
+        raise ValueError(f"seed: must be an integer from -2**63 to 2**64 - 1, as torch.manual_seed takes "
+                         f"(got {seed!r:.100})")
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = build_model({**tiny_config(hidden, layers), **overrides})

@@ -20,7 +20,10 @@ the H200 host one process answered about 3,000 queries/s and 16 processes on 16 
 (with :class:`.splitk_query.Querier`; the workers now ask through its lean form, which checks itself
 against it).
 ``merge`` reads every part file and writes the shipped table
-(:mod:`cpemu.splitk_complete`).
+(:mod:`cpemu.splitk_complete`). ``status``, ``merge`` and ``run`` (continuing a record) check
+``plan.json`` and every line of the part files first: the last line of a file, cut off by a stopped
+worker (it has no newline), is dropped; any other line that is not one the workers write, and a
+pair outside the plan, is refused (:class:`click.ClickException` naming the file and the line).
 
 The fast-accumulation law (``run --fast-law``, the default of that command; measured on the H200,
 so :func:`run_parallel` and ``cpemu record`` leave it off unless asked): for M <= :data:`FAST_LAW_M_MAX` fast
@@ -46,6 +49,8 @@ import math
 import multiprocessing as mp
 import os
 import time
+from collections import ChainMap
+from collections.abc import Mapping
 
 import click
 import numpy as np
@@ -76,7 +81,8 @@ K_LAW_ALIGN_CAP = 64
 K_LAW_CHECK_EVERY = 16
 
 __all__ = ["FAST_LAW_M_MAX", "FAST_LAW_CHECK_EVERY", "K_LAW_BLOCK", "K_LAW_ALIGN_CAP", "K_LAW_CHECK_EVERY", "k_law_rep",
-           "default_plan", "open_pairs", "pair_order", "k_grid", "plan_combos", "run_worker", "read_part", "merge", "status"]
+           "default_plan", "load_plan", "open_pairs", "pair_order", "k_grid", "plan_combos", "run_worker", "read_part",
+           "merge", "status"]
 
 
 
@@ -96,6 +102,88 @@ def k_grid(plan: dict) -> list[int]:
     return list(range(plan["k0"], plan["k_max"] + 1, plan["k_step"]))
 
 
+#: the largest N and K of a plan (``run --n-max``, ``--k-max``)
+SIZE_MAX = 131072
+#: the most open pairs a plan may hold (the default plan holds 65,320): more would not fit the
+#: schedule of a record in memory
+PLAN_PAIRS_MAX = 1 << 22
+
+
+def _is_int(v) -> bool:
+    return type(v) is int
+
+
+def load_plan(rec: str) -> dict:
+    """The plan of the record ``rec`` (its ``plan.json``), checked: click.ClickException naming the
+    file and what is wrong."""
+    path = os.path.join(rec, "plan.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            plan = json.load(f)
+    except FileNotFoundError:
+        raise click.ClickException(f"{path}: missing; a record folder holds the plan.json that run writes "
+                                   "first") from None
+    except json.JSONDecodeError as e:
+        raise click.ClickException(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.ClickException(f"{path}: not readable ({type(e).__name__}: {e})") from None
+    for check in (_check_plan_sizes, _check_plan_bound, _check_plan_combos, _check_plan_pairs):
+        why = check(plan)
+        if why:
+            raise click.ClickException(f"{path}: {why}")
+    return plan
+
+
+def _check_plan_sizes(plan) -> str | None:
+    if not isinstance(plan, dict):
+        return f"must hold a JSON object, a plan (got {type(plan).__name__})"
+    missing = [k for k in ("n_max", "k0", "k_max", "k_step", "bound", "combos") if k not in plan]
+    if missing:
+        return f"lacks the plan's field(s) {', '.join(missing)}"
+    for key, lo, hi in (("n_max", 16, SIZE_MAX), ("k_max", 16, SIZE_MAX), ("k_step", 16, SIZE_MAX),
+                        ("k0", 1, plan["k_max"])):
+        if not _is_int(plan[key]) or not lo <= plan[key] <= hi:
+            return f"{key} must be an integer from {lo} to {hi} (got {plan[key]!r:.100})"
+    if plan["k_step"] % 16:
+        return f"k_step must be a multiple of 16 (got {plan['k_step']})"
+    return None
+
+
+def _check_plan_bound(plan) -> str | None:
+    b = plan["bound"]
+    if not isinstance(b, dict) or set(b) != set(BOUND) or not all(_is_int(v) for v in b.values()):
+        return f"bound must be an object of the integers {', '.join(BOUND)} (got {b!r:.200})"
+    if min(b[k] for k in ("k_per_split", "bytes_per_partial", "n_align")) < 1 \
+            or not 0 <= b["workspace_reserve"] < b["workspace_bytes"]:
+        return ("bound: k_per_split, bytes_per_partial and n_align must be positive, and 0 <= workspace_reserve "
+                f"< workspace_bytes (got {b})")
+    return None
+
+
+def _check_plan_combos(plan) -> str | None:
+    c = plan["combos"]
+    types = {"a_dtype": str, "b_dtype": str, "out_dtype": str, "fast_accum": bool}
+    if not isinstance(c, list) or not c or not all(
+            isinstance(x, dict) and all(isinstance(x.get(k), t) for k, t in types.items()) for x in c):
+        return f"combos must be a non-empty list of objects with {', '.join(types)} (got {c!r:.200})"
+    return None
+
+
+def _check_plan_pairs(plan) -> str | None:
+    b, n = plan["bound"], 0
+    room = b["workspace_bytes"] - b["workspace_reserve"]
+    if -(-plan["k_max"] // b["k_per_split"]) - 1 >= 2:  # else no pair splits
+        for N in range(16, plan["n_max"] + 1, 16):  # the largest M with a split bound >= 2 at this N
+            n += room // (2 * b["bytes_per_partial"] * _ceil_to(N, b["n_align"]))
+    if n > PLAN_PAIRS_MAX:
+        return f"the plan holds {n:,} open pairs, more than a record may hold ({PLAN_PAIRS_MAX:,}; see its bound)"
+    return None
+
+
+def _ceil_to(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
 def open_pairs(plan: dict) -> list[tuple[int, int]]:
     """Every (M, N) of the domain whose workspace bound lets K split (u >= 2 at the largest K)."""
     out = []
@@ -112,37 +200,165 @@ def _part_path(rec: str, w: int, W: int) -> str:
     return os.path.join(rec, f"part-{w:03d}-of-{W:03d}.jsonl")
 
 
-def read_part(path: str) -> tuple[dict, dict]:
-    """({local id: config tuple}, {(M, N): [runs per combo]}) of one part file; a cut-off line is dropped."""
+def read_part(path: str, plan: dict | None = None) -> tuple[dict, dict]:
+    """({local id: config tuple}, {(M, N): [runs per combo]}) of one part file; a cut-off last line is dropped.
+
+    Every other line is checked (:class:`click.ClickException` naming the file, the line and what is
+    wrong); with ``plan``, also each pair against the plan's domain and its runs against the plan's
+    combinations and K grid."""
     configs, done = {}, {}
     if not os.path.exists(path):
         return configs, done
-    with open(path) as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break  # the writer was stopped inside this line
-            d = json.loads(line)
-            if "cfg" in d:
-                configs[d["id"]] = tuple(d["cfg"])
-            elif "violation" in d:
-                continue
-            else:
-                done[(d["M"], d["N"])] = d["runs"]
+    for n, line in _lines(path):
+        d = _json_line(path, n, line)
+        if "cfg" in d:
+            configs[len(configs)] = _config_line(d, len(configs), path, n)
+        elif "violation" in d:
+            _violation_line(d, plan, path, n)
+        else:
+            mn = _pair_line(d, len(configs), plan, path, n)
+            done[mn] = d["runs"]
     return configs, done
 
 
 def read_marks(path: str) -> dict:
     """{(M, N): {"fast": mark, "k": mark}} of one part file: how each finished pair used the laws
-    (None: asked without the law, "derived", "checked"); a cut-off line is dropped."""
+    (None: asked without the law, "derived", "checked"); a cut-off last line is dropped."""
     out = {}
     if not os.path.exists(path):
         return out
-    with open(path) as f:
-        for line in f:
-            if line.startswith('{"M"') and line.endswith("\n"):
-                head = json.loads(line[:line.index(',"runs"')] + "}")
-                out[(head["M"], head["N"])] = {"fast": head.get("law"), "k": head.get("k_law")}
+    for n, line in _lines(path):
+        if '"runs"' in line:
+            head = _pair_head(line, path, n)
+            out[(head["M"], head["N"])] = {"fast": head.get("law"), "k": head.get("k_law")}
     return out
+
+
+def _lines(path: str):
+    """(line number, line) of each complete line of a part file; the last line, when an interruption
+    cut it off (it has no newline), is left out."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if line.endswith("\n"):
+                yield n, line
+
+
+def _bad(path: str, n: int, what: str) -> click.ClickException:
+    return click.ClickException(f"{path}, line {n}: {what}")
+
+
+def _json_line(path: str, n: int, line: str) -> dict:
+    try:
+        d = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise _bad(path, n, f"not valid JSON ({e.msg} at column {e.colno}); only the last line of a part file may "
+                            "be cut off (a worker stopped while writing it), and it then has no newline") from None
+    if not isinstance(d, dict):
+        raise _bad(path, n, f"must be a JSON object: a configuration, a pair or a violation (got {type(d).__name__})")
+    return d
+
+
+def _config_line(d: dict, n_configs: int, path: str, n: int) -> tuple:
+    cfg = d["cfg"]
+    if set(d) != {"id", "cfg"}:
+        raise _bad(path, n, f"a configuration line holds the fields id and cfg only (got {sorted(d)})")
+    if not _is_int(d["id"]) or d["id"] != n_configs:
+        raise _bad(path, n, f"configuration id {d['id']!r} out of order: the ids of a part file run 0, 1, 2, ... "
+                            f"(expected {n_configs})")
+    if not isinstance(cfg, list) or len(cfg) != len(CONFIG_FIELDS) or not all(_is_int(v) for v in cfg):
+        raise _bad(path, n, f"cfg must be a list of {len(CONFIG_FIELDS)} integers ({', '.join(CONFIG_FIELDS)}) "
+                            f"(got {cfg!r:.200})")
+    return tuple(cfg)
+
+
+_MARKS = (None, "derived", "checked")
+
+
+def _check_head(d: dict, path: str, n: int) -> None:
+    """M and N of a pair line are integers, its law marks None, "derived" or "checked"."""
+    if not (_is_int(d.get("M")) and _is_int(d.get("N"))):
+        raise _bad(path, n, f"a pair line's M and N must be integers (got {d.get('M')!r} and {d.get('N')!r})")
+    for field in ("law", "k_law"):
+        if d.get(field) not in _MARKS:
+            raise _bad(path, n, f"{field} must be 'derived' or 'checked' where present (got {d[field]!r:.100})")
+
+
+def _pair_head(line: str, path: str, n: int) -> dict:
+    """The fields of a pair line before its runs (read without parsing the runs where the line is
+    the writer's own); click.ClickException where they are not a pair's."""
+    cut = line.find(',"runs"')
+    try:
+        head = json.loads(line[:cut] + "}") if line.startswith('{"M"') and cut > 0 else None
+    except json.JSONDecodeError:
+        head = None
+    head = _json_line(path, n, line) if head is None else head
+    _check_head(head, path, n)
+    return head
+
+
+def _pair_line(d: dict, n_configs: int, plan: dict | None, path: str, n: int) -> tuple[int, int]:
+    """(M, N) of a checked pair line."""
+    if not {"M", "N", "runs"} <= set(d) <= {"M", "N", "runs", "law", "k_law"}:
+        raise _bad(path, n, f"neither a configuration (id, cfg), a pair (M, N, runs, law, k_law) nor a violation "
+                            f"line (got the fields {sorted(d)})")
+    _check_head(d, path, n)
+    mn = (d["M"], d["N"])
+    if plan is not None and not _open_pair(plan, *mn):
+        raise _bad(path, n, f"pair (M, N) = {mn} is outside the record's plan (its open pairs: M >= 1, N a multiple "
+                            f"of 16 from 16 to n_max = {plan['n_max']}, split bound >= 2 at K = k_max = "
+                            f"{plan['k_max']})")
+    runs = d["runs"]
+    n_combos = None if plan is None else len(plan["combos"])
+    if not isinstance(runs, list) or n_combos not in (None, len(runs)):
+        want = f"a list of {n_combos} columns, one per combination of the plan" if n_combos else "a list of columns"
+        got = f"a list of {len(runs)}" if isinstance(runs, list) else type(runs).__name__
+        raise _bad(path, n, f"pair {mn}: runs must be {want} (got {got})")
+    nk = None if plan is None else len(range(plan["k0"], plan["k_max"] + 1, plan["k_step"]))
+    for j, col in enumerate(runs):
+        why = _column_error(col, n_configs, nk)
+        if why:
+            raise _bad(path, n, f"pair {mn}, column {j}: {why}")
+    return mn
+
+
+def _column_error(col, n_configs: int, nk: int | None) -> str | None:
+    """Why ``col`` is not the runs [end, id, end, id, ...] of one column (None: it is)."""
+    if not isinstance(col, list) or len(col) < 2 or len(col) % 2:
+        return "must be a list [end, id, end, id, ...] of even length"
+    try:
+        a = np.array(col)
+    except (ValueError, TypeError, OverflowError):
+        a = None
+    if a is None or a.ndim != 1 or a.dtype.kind != "i":
+        return "must hold integers only"
+    ends, ids = a[0::2], a[1::2]
+    if ends[0] < 1 or (ends[1:] <= ends[:-1]).any():
+        return f"the ends of its runs must increase from 1 (got {ends.tolist()!r:.200})"
+    if nk is not None and ends[-1] != nk:
+        return f"its runs end at K index {ends[-1]}, not at the end of the plan's K grid ({nk})"
+    if ids.min() < -1 or ids.max() >= n_configs:
+        bad = int(ids[(ids < -1) | (ids >= n_configs)][0])
+        return f"configuration id {bad} is neither -1 (no algorithm) nor one of the {n_configs} defined above it"
+    return None
+
+
+def _violation_line(d: dict, plan: dict | None, path: str, n: int) -> dict:
+    """The checked ``violation`` field of a violation line."""
+    v = d["violation"]
+    if set(d) != {"violation"} or not isinstance(v, dict):
+        raise _bad(path, n, "a violation line holds one field, violation, an object")
+    if not (_is_int(v.get("M")) and _is_int(v.get("N"))) or v.get("law", "fast") not in ("fast", "k"):
+        raise _bad(path, n, f"a violation needs integers M and N, and law 'fast' or 'k' where present (got {v!r:.200})")
+    top = None if plan is None else len(plan["combos"])
+    combos = v.get("combos")
+    if not isinstance(combos, list) or not all(_is_int(j) and 0 <= j and (top is None or j < top) for j in combos):
+        raise _bad(path, n, f"a violation's combos must be a list of combination indices (got {combos!r:.200})")
+    return v
+
+
+def _open_pair(plan: dict, M: int, N: int) -> bool:
+    """Whether (M, N) is one of :func:`open_pairs` (the split bound falls as M grows)."""
+    return M >= 1 and N % 16 == 0 and 16 <= N <= plan["n_max"] and split_bound(plan["bound"], M, N, plan["k_max"]) >= 2
 
 
 def _runs(ids: list[int]) -> list[int]:
@@ -181,11 +397,10 @@ def law_violated(rec: str, law: str = "fast") -> bool:
     """Whether any part file of ``rec`` holds a violation of ``law`` ("fast" or "k"; a violation
     line without a ``law`` field is the fast-accumulation law's)."""
     for path in _parts(rec):
-        with open(path) as f:
-            for line in f:
-                if '"violation"' in line and line.endswith("\n"):
-                    if json.loads(line)["violation"].get("law", "fast") == law:
-                        return True
+        for n, line in _lines(path):
+            if '"violation"' in line:
+                if _violation_line(_json_line(path, n, line), None, path, n).get("law", "fast") == law:
+                    return True
     return False
 
 
@@ -227,14 +442,13 @@ def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max
     pair to its own file; stops at ``deadline`` (time.time()) or after ``max_pairs``. Returns the
     pairs finished. ``fast_law``, ``k_law``: use the fast-accumulation law, the K law (module docstring).
     ``skip``: pairs an earlier table holds (not asked again)."""
-    with open(os.path.join(rec, "plan.json")) as f:
-        plan = json.load(f)
+    plan = load_plan(rec)
     path = _part_path(rec, w, W)
-    configs, done = read_part(path)
+    configs, done = read_part(path, plan)
     _truncate_to_complete_lines(path)
     for other in _parts(rec):  # pairs finished by any other worker (another order or number of workers)
         if other != path:
-            done.update(read_part(other)[1])
+            done.update(read_part(other, plan)[1])
     for mn in untrusted(rec):  # derived under a law that a later check broke: asked again
         done.pop(mn, None)
     done.update(dict.fromkeys(skip))
@@ -316,10 +530,12 @@ def _parts(rec: str) -> list[str]:
 
 
 def status(rec: str) -> dict:
-    with open(os.path.join(rec, "plan.json")) as f:
-        plan = json.load(f)
+    plan = load_plan(rec)
     total = len(open_pairs(plan))
-    done = len(set().union(*(read_part(p)[1] for p in _parts(rec))))
+    done = set()
+    for p in _parts(rec):
+        done.update(read_part(p, plan)[1])
+    done = len(done)
     per_pair = len(k_grid(plan)) * len(plan["combos"])
     return {"pairs_total": total, "pairs_done": done, "queries_per_pair": per_pair,
             "queries_total": total * per_pair, "answers_done": done * per_pair, "fast_law": _law_counts(rec),
@@ -332,15 +548,15 @@ def _law_counts(rec: str, law: str = "fast") -> dict:
     field = "law" if law == "fast" else "k_law"
     counts = {"derived": 0, "checked": 0}
     for p in _parts(rec):
-        with open(p) as f:
-            for line in f:
-                for k in counts:
-                    counts[k] += f'"{field}":"{k}"' in line
+        for _, line in _lines(p):
+            for k in counts:
+                counts[k] += f'"{field}":"{k}"' in line
     return dict(counts, violated=law_violated(rec, law))
 
 
-def _table_pairs(table, fields, configs, index, pairs, marks):
-    """Add every pair of an earlier table (a :class:`cpemu.splitk_complete` table) to the merge."""
+def _table_pairs(table, fields, configs, index, marks) -> "_TablePairs":
+    """Every trusted pair of an earlier table (a :class:`cpemu.splitk_complete` table) for the merge:
+    its configurations join ``configs`` and ``index``, its marks ``marks``."""
     cols = [table.meta["fields"].index(f) for f in fields]
     to_global = np.full(len(table.configs) + 1, NONE, np.int64)
     for i, cfg in enumerate(table.configs.tolist()):
@@ -349,19 +565,48 @@ def _table_pairs(table, fields, configs, index, pairs, marks):
             index[cfg] = len(configs)
             configs.append(cfg)
         to_global[i] = index[cfg]
-    keys = table.meta["combos"]
-    keep = trusted(table)
-    for p, key in enumerate(table.pairs.tolist()):
-        mn = (key >> 20, key & 0xFFFFF)
-        if not keep[p]:
-            continue
-        runs = {}
-        for k in keys:
-            col = table.column(p, table.combo[k])
-            col = to_global[np.where(col == NONE, len(table.configs), col)]
-            runs[k] = [int(v) for v in column_runs(col)]
-        pairs[mn] = runs
+    pairs = _TablePairs(table, to_global)
+    for mn, p in pairs.index.items():
         marks[mn] = {law: (None, "derived", "checked")[int(table.marks[law][p])] for law in ("fast", "k")}
+    return pairs
+
+
+class _TablePairs(Mapping):
+    """The trusted pairs of an earlier table as :func:`cpemu.splitk_complete.write_table` reads them,
+    {(M, N): {combo key: [end, config id, ...]}} along the K grid with the merge's config ids. A
+    pair's runs are made when it is looked up, and only the last pair's are kept (write_table reads
+    pair after pair): the whole table expanded to grid runs at once took gigabytes."""
+
+    def __init__(self, table, to_global: np.ndarray):
+        self.table, self.to_global = table, to_global
+        keep = trusted(table)
+        self.index = {(k >> 20, k & 0xFFFFF): p for p, k in enumerate(table.pairs.tolist()) if keep[p]}
+        self._last = (None, None)
+
+    def __getitem__(self, mn):
+        if self._last[0] != mn:
+            self._last = (mn, {k: self._runs(self.index[mn], j) for k, j in self.table.combo.items()})
+        return self._last[1]
+
+    def _runs(self, p: int, j: int) -> np.ndarray:
+        col = self.table.column(p, j)
+        return column_runs(self.to_global[np.where(col == NONE, len(self.table.configs), col)])
+
+    def __contains__(self, mn):
+        return mn in self.index
+
+    def __iter__(self):
+        return iter(self.index)
+
+    def __len__(self):
+        return len(self.index)
+
+
+def _merge_runs(runs: list, lut: np.ndarray) -> np.ndarray:
+    """The runs of one column of a part file with the merge's config ids (``lut[local id + 1]``)."""
+    r = np.array(runs, np.int64)
+    r[1::2] = lut[r[1::2] + 1]
+    return r
 
 
 def base_table(path: str | None):
@@ -370,7 +615,10 @@ def base_table(path: str | None):
         return None
     from ..splitk_complete import load_complete
 
-    return load_complete(os.path.basename(path), os.path.dirname(os.path.abspath(path)))
+    try:
+        return load_complete(os.path.basename(path), os.path.dirname(os.path.abspath(path)))
+    except ValueError as e:
+        raise click.ClickException(f"--table {path}: {e}") from None
 
 
 def trusted(table) -> np.ndarray:
@@ -388,7 +636,7 @@ def trusted(table) -> np.ndarray:
 def _same_plan(table, plan: dict, path: str) -> None:
     """Refuse a table recorded under another plan than the record's."""
     keys = [combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"]) for c in plan["combos"]]
-    same = {k: table.meta[k] for k in ("k0", "k_step", "nk", "combos", "bound", "n_max")}
+    same = {k: table.meta.get(k) for k in ("k0", "k_step", "nk", "combos", "bound", "n_max")}
     want = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
             "bound": plan["bound"], "n_max": plan["n_max"]}
     if same != want:
@@ -407,39 +655,38 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
 
     ``splits_only`` keeps only the split count of each configuration (fewer runs); the part files
     keep the whole configuration either way."""
-    with open(os.path.join(rec, "plan.json")) as f:
-        plan = json.load(f)
+    plan = load_plan(rec)
     keys = [combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"]) for c in plan["combos"]]
     fields = ["splitk_num"] if splits_only else list(CONFIG_FIELDS)
     cols = [CONFIG_FIELDS.index(f) for f in fields]
     configs, index, pairs, marks = [], {}, {}, {}
     old = base_table(base)
+    from_base = {}
     counts = {"fast": {"derived": 0, "checked": 0}, "k": {"derived": 0, "checked": 0}}
     if old is not None:
         m = old.meta
         _same_plan(old, plan, base)
-        _table_pairs(old, fields, configs, index, pairs, marks)
+        from_base = _table_pairs(old, fields, configs, index, marks)
         for law, name in (("fast", "fast_law"), ("k", "k_law")):
             for k in counts[law]:
                 counts[law][k] += int(m.get(name, {}).get(k, 0))
-    from_base = set(pairs)
     broken = _broken(rec)
     for path in _parts(rec):
         drop = _derived_under(path, broken)
-        local, done = read_part(path)
-        to_global = {-1: NONE}
+        local, done = read_part(path, plan)
+        lut = np.full(len(local) + 1, NONE, np.int64)  # local id + 1 -> merged id (-1: no algorithm)
         for i, cfg in local.items():
             cfg = tuple(cfg[c] for c in cols)
             if cfg not in index:
                 index[cfg] = len(configs)
                 configs.append(cfg)
-            to_global[i] = index[cfg]
+            lut[i + 1] = index[cfg]
         for mn, runs in done.items():
             if mn in drop:
                 continue
             if mn in from_base:
                 raise click.ClickException(f"pair {mn} is in {base} and in the part files of {rec}")
-            pairs[mn] = {k: [to_global[v] if i % 2 else v for i, v in enumerate(r)] for k, r in zip(keys, runs)}
+            pairs[mn] = {k: _merge_runs(r, lut) for k, r in zip(keys, runs)}
         marks.update({mn: m for mn, m in read_marks(path).items() if mn not in drop})
     law = {name: dict({k: counts[short][k] + v for k, v in _law_counts(rec, short).items() if k in counts[short]},
                       violated=_law_counts(rec, short)["violated"] or _base_violated(old, short))
@@ -450,15 +697,14 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
             "provenance": provenance or (old.meta.get("provenance", {}) if old is not None else {}),
             "fast_law": dict(law["fast_law"], m_max=FAST_LAW_M_MAX, check_every=FAST_LAW_CHECK_EVERY),
             "k_law": dict(law["k_law"], block=K_LAW_BLOCK, align_cap=K_LAW_ALIGN_CAP, check_every=K_LAW_CHECK_EVERY)}
-    return write_table(out_path, meta, pairs, configs, marks)
+    return write_table(out_path, meta, ChainMap(pairs, from_base), configs, marks)
 
 
 def _start(rec: str, plan: dict) -> None:
     os.makedirs(rec, exist_ok=True)
     path = os.path.join(rec, "plan.json")
     if os.path.exists(path):
-        with open(path) as f:
-            old = json.load(f)
+        old = load_plan(rec)
         if old != plan:
             raise click.ClickException(f"{path} holds another plan ({old}); use another --dir or the same options")
     else:
@@ -484,6 +730,8 @@ def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_byte
     from .splitk_query import probe_workspace
 
     _start(rec, plan)
+    for path in _parts(rec):  # a record continued: every line of its part files checked before any worker starts
+        read_part(path, plan)
     old = base_table(table)
     if old is not None:
         _same_plan(old, plan, table)
@@ -521,8 +769,8 @@ _TABLE = click.Path(exists=True, dir_okay=False)
 @click.option("--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1)
 @click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=3600.0,
               help="stop starting new pairs after this long")
-@click.option("--n-max", type=click.IntRange(16, 131072), default=65536)
-@click.option("--k-max", type=click.IntRange(16, 131072), default=65536)
+@click.option("--n-max", type=click.IntRange(16, SIZE_MAX), default=65536)
+@click.option("--k-max", type=click.IntRange(16, SIZE_MAX), default=65536)
 @click.option("--k-step", type=click.IntRange(min=16), default=16, help="a multiple of 16")
 @click.option("--first-n", default="", help="comma list of N whose pairs are asked first (e.g. model widths)")
 @click.option("--fast-law/--no-fast-law", default=True, show_default=True,

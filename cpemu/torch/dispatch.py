@@ -26,6 +26,7 @@ import warnings
 
 import torch
 
+from .. import backends
 from ..profile import DEFAULT_PROFILE, ProfileFeatureError, get_profile
 from .api import scaled_mm
 
@@ -133,7 +134,7 @@ class dispatch(contextlib.ContextDecorator):
     """
 
     def __init__(self, profile=DEFAULT_PROFILE, backend="auto", keys=("CPU", "CUDA")):
-        get_profile(profile)  # an unknown profile fails here, not inside the block
+        backends.check(backend, get_profile(profile))  # an unknown profile or backend fails here, not inside the block
         if isinstance(keys, str) or not isinstance(keys, (tuple, list)):
             raise ValueError(f"keys: must be a tuple of dispatch keys among ('CPU', 'CUDA') (got {keys!r})")
         bad = [k for k in keys if k not in ("CPU", "CUDA")]

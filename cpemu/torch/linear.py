@@ -7,6 +7,7 @@ import numbers
 
 import torch
 
+from .. import backends
 from ..profile import DEFAULT_PROFILE, get_profile
 from .api import scaled_mm
 from .chunking import row_chunks
@@ -100,7 +101,7 @@ class FP8Linear(torch.nn.Module):
         isc = _scalar_scale(input_scale, "input_scale", dev)
         isi = torch.reciprocal(isc) if input_scale_inv is None else _scalar_scale(input_scale_inv, "input_scale_inv",
                                                                                    dev)
-        get_profile(profile)
+        backends.check(backend, get_profile(profile))  # a bad backend fails here, not at the first GEMM
         if max_rows is not None and (not isinstance(max_rows, int) or max_rows < 16 or max_rows % 16):
             raise ValueError(f"max_rows: must be None or a positive multiple of 16 (got {max_rows!r})")
         self.profile = profile

@@ -6,6 +6,7 @@ import contextlib
 
 import torch
 
+from .. import backends
 from ..profile import DEFAULT_PROFILE, get_profile
 from .api import scaled_mm
 
@@ -43,7 +44,7 @@ class patch(contextlib.ContextDecorator):
     """
 
     def __init__(self, profile=DEFAULT_PROFILE, backend="auto"):
-        get_profile(profile)  # an unknown profile fails here, not inside the block
+        backends.check(backend, get_profile(profile))  # an unknown profile or backend fails here, not inside the block
         self.profile = profile
         self.backend = backend
         self._saved = []

@@ -1,0 +1,17 @@
+"""Shared by the split-K record's tests: a made-up heuristic and a small plan."""
+
+from cpemu.recording import splitk_enum as se
+
+
+def fake_answer(M, N, K, c):
+    """An answer of the heuristic, made up (None: no algorithm): the configuration fields and the
+    workspace size, as the querier returns them."""
+    if (M * N + K) % 97 == 0:
+        return None
+    s = 1 + (M + N + K // 256 + (c["out_dtype"] == "float16") + c["fast_accum"]) % 3
+    return (66, 10 + M % 2, 36, 4, s, 2 if s > 1 else 0, 0, 1, 0, 4 * s * M * N + 16)
+
+
+def small_plan():
+    """A plan of a few dozen pairs (N up to 64, K up to 6400, a 16 KiB workspace)."""
+    return se.default_plan(n_max=64, k_max=6400, k_step=16, bound=dict(se.BOUND, workspace_bytes=1 << 14))
