@@ -47,6 +47,10 @@ def test_judge():
     assert hd.judge(PROFILE, M, N, K, c, _answer(s + 1))[0] == "disagree"
     # an unrecorded split pair is refused, named
     assert hd.judge(PROFILE, 10, 432, 5184, c, _answer(2)) == ("refused", "unrecorded")
+    # where the tail rule cuts K, 22 slices of K - 16 (the ceil slicing of all of K would give 21)
+    c2 = dict(c, a_dtype="e5m2", out_dtype="float32")
+    assert lookup(PARAMS["complete_file"], None, 1, 1040, 56336, "e5m2,e4m3,float32,fast")["splitk_num"] == 22
+    assert hd.judge(PROFILE, 1, 1040, 56336, c2, _answer(22)) == ("agree", None)
 
 
 def test_check_counts_and_exit_rows():

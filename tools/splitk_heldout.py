@@ -21,7 +21,7 @@ import numpy as np
 
 import cpemu
 from cpemu.recording.splitk_table import combos
-from cpemu.schedule import UnsupportedShape, slices_for
+from cpemu.schedule import UnsupportedShape, covered_k, slices_for
 from cpemu.splitk import split_bound
 
 def _log16(rng, hi: int) -> int:
@@ -61,7 +61,8 @@ def judge(profile, M: int, N: int, K: int, combo: dict, answer) -> tuple[str, st
         return "refused", e.reason
     if answer is None:
         return "disagree", f"the heuristic has no algorithm, the profile plans {call.plan.splits} slices"
-    want = len(slices_for(K, int(answer[SPLITK]), 128))
+    s, tail = int(answer[SPLITK]), profile.split_rule(combo["scale_mode"]).tail
+    want = len(slices_for(covered_k(K, s, 128, tail), s, 128))  # the slices of what the kernel sums
     if call.plan.splits == want:
         return "agree", None
     return "disagree", f"the heuristic splits into {answer[SPLITK]} ({want} slices), the profile plans {call.plan.splits}"
