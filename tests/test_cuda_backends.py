@@ -537,3 +537,31 @@ def test_argument_errors(family):
             other = cp.asarray(bt)
         with pytest.raises(ValueError, match="bt_codes"):
             call(bt_codes=other)
+
+
+TILES = os.path.join(os.path.dirname(__file__), "data", "h200-splitk", "tiles")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("i", [0, 3, 23])  # tile 47 with 17 and 18 slices, 448 with 22 (e5m2 x e4m3, float32)
+def test_tail_cut_gives_the_h200_bytes(family, i):
+    """Where the H200 leaves the last 16 elements of K out (the profile's tail rule), each kernel
+    under the profile's plan gives the H200's bytes (tests/data/h200-splitk/tiles, round 2)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("cpemu_tools_splitk_tiles_gpu", os.path.join(
+        os.path.dirname(__file__), "..", "tools", "splitk_tiles.py"))
+    st = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(st)
+    with open(os.path.join(TILES, "verdict2.json")) as f:
+        r = json.load(f)["rows"][i]
+    fa, fb, out, acc = r["combo"].split(",")
+    prof = get_profile(HOPPER)
+    plan = prof.plan(r["M"], r["N"], r["K"], acc == "fast", "tensorwise", fa, fb, out)
+    assert plan.splits == r["splits"] and plan.slices[-1][1] == r["K"] - 16
+    a, bt = st.operands(r)
+    one = np.ones((), np.float32)
+    got = cuda_bits(family, a, bt, fa, fb, plan, prof.instruction, prof.mode("tensorwise"), one, one, None, out)
+    want = np.load(os.path.join(TILES, "native2.npz"))[f"c{i}"]
+    assert np.array_equal(np.ascontiguousarray(got).view(np.uint8).reshape(-1), want)
