@@ -19,7 +19,7 @@ import jsonschema
 from .call import Call, Epilogue
 from .formats import FP8_FORMATS
 from .instruction import InstructionModel
-from .schedule import Plan, SplitKRule, UnsupportedShape, covered_k, slices_for
+from .schedule import Plan, SplitKRule, UnsupportedShape, kernel_slices
 from .splitk import no_algorithm
 
 __all__ = ["Profile", "profiles", "get_profile", "load_schema", "ProfileFeatureError", "read_json_file",
@@ -89,11 +89,6 @@ class Profile:
         return SplitKRule(kind=sk["kind"], granularity=sk.get("granularity", 128), domain=sk.get("domain"),
                           params=sk.get("params"), base_dir=self.base_dir, tail=sk.get("tail"))
 
-    @staticmethod
-    def _slices(rule: SplitKRule, K: int, splits: int) -> tuple:
-        """The slices of K that the kernel sums for ``splits`` slices (:mod:`cpemu.schedule`)."""
-        return slices_for(covered_k(K, splits, rule.granularity, rule.tail), splits, rule.granularity)
-
     def plan(self, M: int, N: int, K: int, fast_accum: bool, scaling: str = "tensorwise",
              a_format: str = "e4m3", b_format: str = "e4m3", out_dtype: str = "bfloat16") -> Plan:
         """The schedule of one call: split-K slices and promotion (see :mod:`cpemu.schedule`).
@@ -133,7 +128,7 @@ class Profile:
                     raise UnsupportedShape(why, "maybe-no-algorithm")
             else:
                 mode, rule = self.mode(scaling), self.split_rule(scaling)
-                plan = Plan(slices=self._slices(rule, K, int(split_k)),
+                plan = Plan(slices=kernel_slices(K, int(split_k), rule),
                             promotion=None if fast_accum else int(mode["promotion_interval"]))
             call = Call(M, N, K, FP8_FORMATS[a_format], FP8_FORMATS[b_format], out_dtype, scaling, bias_dtype,
                         bool(fast_accum), plan, self.instruction, Epilogue.from_mode(self.mode(scaling), out_dtype),
@@ -148,7 +143,7 @@ class Profile:
         rule = self.split_rule(scaling)
         splits = rule.splits(M, N, K, fast_accum, (a_format, b_format, out_dtype))
         promo = None if fast_accum else int(mode["promotion_interval"])
-        return Plan(slices=self._slices(rule, K, splits), promotion=promo)
+        return Plan(slices=kernel_slices(K, splits, rule), promotion=promo)
 
     def check_features(self, a_format: str, b_format: str, out_dtype: str, scaling: str, bias_dtype: str | None):
         pairs = [tuple(p) for p in self.data["formats"]]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .splitk import SplitKRule, UnsupportedShape, covered_k  # re-exported: the rules live in cpemu.splitk
 
-__all__ = ["Plan", "covered_k", "slices_for", "SplitKRule", "UnsupportedShape"]
+__all__ = ["Plan", "covered_k", "kernel_slices", "slices_for", "SplitKRule", "UnsupportedShape"]
 
 
 @dataclass(frozen=True)
@@ -49,3 +49,8 @@ def slices_for(K: int, splits: int, granularity: int) -> tuple:
     per = -(-tiles // max(1, splits)) * granularity
     return tuple((k, min(k + per, K)) for k in range(0, K, per))
 
+
+def kernel_slices(K: int, splits: int, rule: SplitKRule) -> tuple:
+    """The slices of K that the kernel sums for ``splits`` slices under a profile's split-K
+    ``rule``: :func:`slices_for` of what :func:`covered_k` covers."""
+    return slices_for(covered_k(K, splits, rule.granularity, rule.tail), splits, rule.granularity)

@@ -15,3 +15,16 @@ def fake_answer(M, N, K, c):
 def small_plan():
     """A plan of a few dozen pairs (N up to 64, K up to 6400, a 16 KiB workspace)."""
     return se.default_plan(n_max=64, k_max=6400, k_step=16, bound=dict(se.BOUND, workspace_bytes=1 << 14))
+
+
+def checked_split(verified, tile, s):
+    """The documented meaning of ``verified_splits``: a tile's largest checked count, or its list of
+    checked counts; one slice needs no check."""
+    v = verified.get(str(int(tile)), 1)
+    return s <= 1 or (s in v if isinstance(v, list) else s <= v)
+
+
+def tail_cut(K, s):
+    """The profile's tail rule, written out on its own: the H200 sums K - 16 where there are 17 or
+    more slices, K = 16 mod 32 and K - 16 is a whole number of 128-wide K tiles per slice."""
+    return s >= 17 and K % 32 == 16 and K > 16 and (K - 16) % (128 * s) == 0

@@ -16,7 +16,8 @@ import pytest
 
 import cpemu
 from cpemu.recording import splitk_enum as se
-from splitk_fixtures import fake_answer as _fake, small_plan as _small_plan  # noqa: E402
+from splitk_fixtures import checked_split as _checked  # noqa: E402
+from splitk_fixtures import fake_answer as _fake, small_plan as _small_plan, tail_cut  # noqa: E402
 from cpemu.recording.splitk_rule import law_counts, rows_of
 from cpemu.schedule import UnsupportedShape
 from cpemu.splitk import SplitKRule, combo_key, split_bound
@@ -40,7 +41,7 @@ def _slices(K, s):
     """How many slices a split count gives: ceil(tiles / ceil(tiles / s)) tiles of 128 (empty ones
     dropped); s where the profile's tail rule cuts K (17 or more slices, K - 16 a multiple of 128 s
     and of 32), since K - 16 then splits into s whole slices."""
-    if s >= 17 and K % 32 == 16 and (K - 16) % (128 * s) == 0:
+    if tail_cut(K, s):
         return s
     tiles = -(-K // 128)
     return -(-tiles // -(-tiles // s))
@@ -116,13 +117,6 @@ def record(tmp_path_factory):
 RECORD_PAIRS = 12532
 #: the pairs of the part files in rec.txz (the runs since the table was last cut from its record)
 ARCHIVE_PAIRS = 4766
-
-
-def _checked(verified, tile, s):
-    """The documented meaning of ``verified_splits``: a tile's largest checked count, or its list of
-    checked counts; one slice needs no check."""
-    v = verified.get(str(int(tile)), 1)
-    return s <= 1 or (s in v if isinstance(v, list) else s <= v)
 
 
 def _asked_in_full(table, law):

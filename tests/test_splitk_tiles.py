@@ -12,6 +12,8 @@ HERE = os.path.dirname(__file__)
 _spec = importlib.util.spec_from_file_location("cpemu_tools_splitk_tiles", os.path.join(HERE, "..", "tools", "splitk_tiles.py"))
 st = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(st)
+from splitk_fixtures import checked_split, tail_cut  # noqa: E402
+
 OUTPUTS = os.path.join(HERE, "data", "h200-splitk", "measured", "large_split_outputs.json")
 
 
@@ -61,7 +63,7 @@ def test_covered_k():
     for s in range(2, 27):
         for K in range(16, 65536 + 1, 16):
             c = covered_k(K, s, 128, tail)
-            rule = s >= 17 and K % 32 == 16 and K > 16 and (K - 16) % (128 * s) == 0
+            rule = tail_cut(K, s)
             assert c == (K - 16 if rule else K), (K, s)
             if rule:
                 cut += 1
@@ -93,8 +95,7 @@ def test_cases_are_unverified_configurations_of_the_table():
             assert covered_k(c["K"], c["splits"], 128, tail) != c["K"]
             assert c["splits"] not in tail["verified"].get(str(c["tile"]), [])
         else:
-            v = par["verified_splits"].get(str(c["tile"]), 1)
-            assert c["splits"] not in v if isinstance(v, list) else c["splits"] > v
+            assert not checked_split(par["verified_splits"], c["tile"], c["splits"])
         p = int(np.searchsorted(table.pairs, (c["M"] << 20) | c["N"]))
         cfg = table.configs[table.column(p, table.combo[c["combo"]])[int(np.searchsorted(ks, c["K"]))]]
         assert (cfg[f.index("tile_id")], cfg[f.index("splitk_num")]) == (c["tile"], c["splits"])

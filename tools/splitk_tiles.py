@@ -50,11 +50,11 @@ def operands(case):
 
 
 def profile_slices(K, s, profile_name="hopper-h200-torch"):
-    """The slices the profile's plan sums for ``s`` slices (cpemu.schedule.covered_k, slices_for)."""
+    """The slices the profile's plan sums for ``s`` slices (cpemu.schedule.kernel_slices)."""
     import cpemu
+    from cpemu.schedule import kernel_slices
 
-    prof = cpemu.get_profile(profile_name)
-    return prof._slices(prof.split_rule("tensorwise"), K, s)
+    return kernel_slices(K, s, cpemu.get_profile(profile_name).split_rule("tensorwise"))
 
 
 def slices(K, s, g, layout):

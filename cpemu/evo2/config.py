@@ -29,7 +29,7 @@ def _fail(key: str, rule: str, got) -> None:
     raise ValueError(f"config: {key} {rule} (got {got!r:.200})")
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
@@ -37,7 +37,7 @@ def _size(config: Mapping, key: str) -> int:
     if key not in config:
         raise ValueError(f"config: lacks {key}, a positive integer vortex needs")
     v = config[key]
-    if not _is_int(v) or v < 1:
+    if not is_int(v) or v < 1:
         _fail(key, "must be a positive integer", v)
     return int(v)
 
@@ -47,7 +47,7 @@ def _layers(config: Mapping, n_layers: int) -> dict:
     kinds = {}
     for key in LAYER_LISTS:
         v = config.get(key)
-        if not isinstance(v, (list, tuple)) or not all(_is_int(i) and 0 <= i < n_layers for i in v):
+        if not isinstance(v, (list, tuple)) or not all(is_int(i) and 0 <= i < n_layers for i in v):
             _fail(key, f"must be a list of layer indices from 0 to num_layers - 1 = {n_layers - 1}", v)
         kinds[key] = set(int(i) for i in v)
     for i in range(n_layers):

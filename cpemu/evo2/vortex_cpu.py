@@ -27,13 +27,12 @@ import functools
 import importlib
 import importlib.util
 import logging
-import numbers
 import sys
 import types
 
 import torch
 
-from .config import check_config
+from .config import is_int, check_config
 
 __all__ = ["vortex_import_shims", "cpu_device_calls", "import_vortex", "build_model", "tiny_config", "tiny_model"]
 
@@ -208,10 +207,6 @@ def _in_cpu_device_calls(forward):
     return wrapped
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
 def tiny_config(hidden: int = 64, layers: int = 4) -> dict:
     """A small config for smoke tests and examples: vortex's evo2-1b-8k.yml with ``hidden``
     channels and ``layers`` Hyena blocks (no attention layers), FP8 off (vortex refuses FP8
@@ -220,10 +215,10 @@ def tiny_config(hidden: int = 64, layers: int = 4) -> dict:
     ``hidden``: an integer from 32 that ``hidden // 16`` divides (the short and medium filters'
     groups: vortex needs at least 2, each of the same width), e.g. a multiple of 16;
     ``layers``: a positive integer."""
-    if not _is_int(hidden) or hidden < 32 or hidden % (hidden // 16):
+    if not is_int(hidden) or hidden < 32 or hidden % (hidden // 16):
         raise ValueError(f"hidden: must be an integer from 32 that hidden // 16 (the filters' group count) divides, "
                          f"e.g. a multiple of 16 (got {hidden!r:.100})")
-    if not _is_int(layers) or layers < 1:
+    if not is_int(layers) or layers < 1:
         raise ValueError(f"layers: must be a positive integer (got {layers!r:.100})")
     hidden, layers = int(hidden), int(layers)
     return dict(
@@ -249,7 +244,7 @@ def tiny_model(seed: int = 0, hidden: int = 64, layers: int = 4, **overrides):
     under ``torch.manual_seed(seed)``. vortex initialises the Hyena-LI ``log_poles`` at random
     signs, which makes the long filters grow without bound; they are made negative here
     (decaying filters, as trained checkpoints hold), so the forward pass stays finite."""
-    if not _is_int(seed) or not -2 ** 63 <= seed < 2 ** 64:
+    if not is_int(seed) or not -2 ** 63 <= seed < 2 ** 64:
         raise ValueError(f"seed: must be an integer from -2**63 to 2**64 - 1, as torch.manual_seed takes "
                          f"(got {seed!r:.100})")
     with torch.random.fork_rng():
