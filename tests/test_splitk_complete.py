@@ -114,9 +114,9 @@ def record(tmp_path_factory):
 
 
 #: the pairs of the shipped complete table (tests/data/h200-splitk/complete/README.md)
-RECORD_PAIRS = 12532
+RECORD_PAIRS = 14366
 #: the pairs of the part files in rec.txz (the runs since the table was last cut from its record)
-ARCHIVE_PAIRS = 4766
+ARCHIVE_PAIRS = 1834
 
 
 def _asked_in_full(table, law):
@@ -416,7 +416,7 @@ def test_enumerator_fast_law(tmp_path):
 
 
 #: pairs with M <= 32 of the complete record asked with and without fast accumulation
-FAST_LAW_EVIDENCE_PAIRS = 2126
+FAST_LAW_EVIDENCE_PAIRS = 2283
 
 
 def test_fast_law_holds_on_the_recorded_answers():
@@ -517,7 +517,7 @@ def test_enumerator_k_law(tmp_path):
 
 
 #: pairs of the complete record asked at every K (before the K law, and its checked pairs)
-K_LAW_EVIDENCE_PAIRS = 1262
+K_LAW_EVIDENCE_PAIRS = 1430
 
 
 def test_k_law_holds_on_the_recorded_answers():
@@ -627,10 +627,21 @@ def test_refusals_name_their_reason():
     assert why(10, 432, 5184) == "unrecorded"
     assert why(200000, 16, 16) == "outside-domain"
     assert why(10, 656, 7856, scaling="rowwise", fast_accum=True, bias_dtype="bfloat16") == "maybe-no-algorithm"
+    # every split count of the shipped tables is verified now: a profile that has checked fewer
+    # counts, and has seen no tail cut, refuses the answers above its counts for that reason
+    import copy
+
+    from cpemu.profile import Profile
+
+    data = copy.deepcopy(PROFILE.data)
+    sk = data["modes"]["tensorwise"]["split_k"]
+    sk["params"]["verified_splits"] = {"10": 6, "47": 6, "448": 2}
+    sk["tail"]["verified"] = {}
+    fewer = Profile("fewer-checked", data)
     table = load_complete(PARAMS["complete_file"])
     f = table.meta["fields"]
     ks = table.meta["k0"] + table.meta["k_step"] * np.arange(table.meta["nk"])
-    over = np.array([not _checked(PARAMS["verified_splits"], t, s)  # configurations above their tile's
+    over = np.array([not _checked(sk["params"]["verified_splits"], t, s)  # configurations above their tile's
                      for t, s in table.configs[:, [f.index("tile_id"), f.index("splitk_num")]].tolist()])
     over_ids = np.nonzero(over)[0]  # verified count
     unverified = {}
@@ -640,11 +651,18 @@ def test_refusals_name_their_reason():
             if hit.any():
                 unverified[combo] = (int(table.pairs[p]), int(ks[np.argmax(hit)]))
                 break
-    assert unverified, "no unverified split in the table"
+    assert len(unverified) == 18, "no unverified split in the table"
     for combo, (key, K) in unverified.items():
         a, b, out, acc = combo.split(",")
-        assert why(key >> 20, key & 0xFFFFF, K, a, b, out, fast_accum=acc == "fast") == "unverified-split"
-    assert why(1, 16, 43536) == "unverified-split"  # tile 10 at 17 slices, where the tail rule would cut K
+        args = (key >> 20, key & 0xFFFFF, K, a, b, out)
+        with pytest.raises(UnsupportedShape) as e:
+            fewer.call(*args, fast_accum=acc == "fast")
+        assert e.value.reason == "unverified-split"
+        assert PROFILE.call(*args, fast_accum=acc == "fast").plan.splits > 2
+    with pytest.raises(UnsupportedShape, match="last 16 elements of such a K out") as e:
+        fewer.call(1, 16, 43536)  # tile 10 at 17 slices, where the tail rule cuts K: not seen by this profile
+    assert e.value.reason == "unverified-split"
+    assert PROFILE.call(1, 16, 43536).plan.splits == 17
     with pytest.raises(ValueError, match="reason must be one of"):
         UnsupportedShape("x", "because")
 

@@ -73,24 +73,52 @@ def test_covered_k():
     assert covered_k(43536, 17, 128, None) == 43536 and covered_k(43536, 16, 128, tail) == 43536
 
 
-def test_cases_are_unverified_configurations_of_the_table():
+def test_every_configuration_of_the_table_is_verified():
+    """Every (tile, split count) of the shipped complete table is verified on H200 outputs, and
+    every tail cut it can make was seen: nothing is left to check, so no answer is refused for it."""
+    table, bad = st.unverified_configs()
+    assert bad == {} and st.make_cases(per=1) == []
+    # five counts of 17 or more slices were not seen cut, but the table gives them at no K the rule cuts
+    assert set(st.tail_configs(table)[0].values()) == {(393, 19, 2), (448, 17, 2), (448, 18, 2), (486, 17, 2), (537, 17, 2)}
+
+
+def _round3_profile():
+    """The profile as it stood before round 3: tail cuts seen for tiles 47, 393 (20) and 448 (22)
+    only, and tile 448 not checked with 16 slices."""
+    import copy
+
     import cpemu
+    from cpemu.profile import Profile
+
+    data = copy.deepcopy(cpemu.get_profile().data)
+    sk = data["modes"]["tensorwise"]["split_k"]
+    sk["tail"]["verified"] = {"47": list(range(17, 26)), "393": [20], "448": [22]}
+    sk["params"]["verified_splits"]["448"] = [s for s in sk["params"]["verified_splits"]["448"] if s != 16]
+    return Profile("before-round-3", data)
+
+
+def test_cases_are_unverified_configurations_of_the_table():
+    """Under the profile as it stood before round 3, the cases are one call of each configuration
+    not checked yet, and of each tail cut not seen yet, each at a K where its configuration is the
+    table's answer (and, for a tail case, where the rule cuts K)."""
+    import cpemu
+    from cpemu.schedule import covered_k
     from cpemu.splitk_complete import load_complete
 
-    par = cpemu.get_profile().data["modes"]["tensorwise"]["split_k"]["params"]
+    prof = _round3_profile()
+    par = prof.data["modes"]["tensorwise"]["split_k"]["params"]
     table = load_complete(par["complete_file"])
-    from cpemu.schedule import covered_k
-
-    cases = st.make_cases(per=1)
-    tails = set(st.tail_configs(table)[0].values())
+    cases = st.make_cases(per=1, profile_name=prof)
+    tails = set(st.tail_configs(table, prof)[0].values())
     keys = [(c["tile"], c["splits"], c["reduction"], c.get("tail", False)) for c in cases]
     assert len(keys) == len(set(keys))
-    assert {k[:3] for k in keys if not k[3]} == set(st.unverified_configs()[1].values())
-    assert {k[:3] for k in keys if k[3]} <= tails and sum(k[3] for k in keys) > 10  # configurations that cut a K
-    tail = cpemu.get_profile().split_rule("tensorwise").tail
+    assert {k[:3] for k in keys if not k[3]} == set(st.unverified_configs(prof)[1].values()) == {(448, 16, 2)}
+    assert {k[:3] for k in keys if k[3]} <= tails
+    assert {k[:2] for k in keys if k[3]} == {(10, s) for s in range(17, 26)} | {(393, 17), (393, 18), (448, 19)}
+    tail = prof.split_rule("tensorwise").tail
     f = table.meta["fields"]
     ks = table.meta["k0"] + table.meta["k_step"] * np.arange(table.meta["nk"])
-    for c in cases[::3]:
+    for c in cases:
         if c.get("tail"):
             assert covered_k(c["K"], c["splits"], 128, tail) != c["K"]
             assert c["splits"] not in tail["verified"].get(str(c["tile"]), [])
@@ -99,6 +127,7 @@ def test_cases_are_unverified_configurations_of_the_table():
         p = int(np.searchsorted(table.pairs, (c["M"] << 20) | c["N"]))
         cfg = table.configs[table.column(p, table.combo[c["combo"]])[int(np.searchsorted(ks, c["K"]))]]
         assert (cfg[f.index("tile_id")], cfg[f.index("splitk_num")]) == (c["tile"], c["splits"])
+    assert cpemu.get_profile() is not prof
 
 
 @pytest.mark.parametrize("K, s", [(45712, 17), (7168, 3)])
@@ -147,8 +176,30 @@ def test_verified_splits_are_the_verdicts():
     assert {i for i, r in enumerate(now["rows"]) if r.get("rejudged")} == \
         {i for i, r in enumerate(first["rows"]) if not r["match"]["profile"]}
     assert second["cases"] == 29 and second["matched"] == 29
-    assert st.proposed_verified(BEFORE_VERDICT, now["rows"] + second["rows"]) == par["verified_splits"]
-    assert par["verified_splits"]["47"] == 25 and 22 in par["verified_splits"]["448"]
+    third = _verdict("verdict3.json")
+    assert third["cases"] == 37 and third["matched"] == 37
+    rows = now["rows"] + second["rows"] + third["rows"]
+    assert st.proposed_verified(BEFORE_VERDICT, rows) == par["verified_splits"]
+    assert par["verified_splits"]["47"] == 25 and {16, 22} <= set(par["verified_splits"]["448"])
+
+
+def test_tail_cuts_seen_are_the_verdicts():
+    """The profile's ``split_k.tail.verified`` is exactly the (tile, count) of the verdicts' calls
+    whose K the tail rule cuts, all of which matched; in round 3 every such call also told the cut
+    from the sum over all of K (the ceil slicing of K did not give the H200's bytes)."""
+    import cpemu
+
+    seen = {}
+    for name in ("verdict-tail.json", "verdict2.json", "verdict3.json"):
+        for r in _verdict(name)["rows"]:
+            if tail_cut(r["K"], r["splits"]):
+                assert r["match"]["profile"], (name, r)
+                seen.setdefault(str(r["tile"]), set()).add(r["splits"])
+                if name == "verdict3.json":
+                    assert r["tail"] and r["match"]["ceil"] is False, r
+    verified = cpemu.get_profile().split_rule("tensorwise").tail["verified"]
+    assert {t: sorted(v) for t, v in seen.items()} == verified
+    assert verified == {"10": list(range(17, 26)), "47": list(range(17, 26)), "393": [17, 18, 20], "448": [19, 22]}
 
 
 def test_proposed_verified():
@@ -189,11 +240,19 @@ def test_verdict_rows_against_the_reference():
         assert hashlib.sha256(want.tobytes()).hexdigest() == r["sha256"]
         assert np.array_equal(st.emulate(r, "profile"), want)
         assert not np.array_equal(st.emulate(r, "ceil"), want), i
+    third = _verdict("verdict3.json")
+    native3 = np.load(os.path.join(TILES, "native3.npz"))
+    for i in (0, 24, 30, 34):  # tile 10 with 17 and 25 slices, 393 with 18, 448 with 19
+        r = third["rows"][i]
+        want = native3[f"c{i}"]
+        assert hashlib.sha256(want.tobytes()).hexdigest() == r["sha256"]
+        assert np.array_equal(st.emulate(r, "profile"), want)
+        assert not np.array_equal(st.emulate(r, "ceil"), want), i
 
 
 def test_probes_show_the_profile_slicing():
     """The H200's chain starts (probe) are where the profile's slices start: tile id 10 with 1, 4,
-    7 and 25 slices, and tile id 47 with 17, 18 and 25 slices, whose slices the tail rule makes
+    7 and 25 slices, and tile ids 10 and 47 with 17, 18 and 25 slices, whose slices the tail rule makes
     2560 or 2688 elements long where the ceil slicing would give 2688 or 2816."""
     from cpemu.schedule import slices_for
 
@@ -206,7 +265,7 @@ def test_probes_show_the_profile_slicing():
         ceil = [k0 for k0, _ in slices_for(p["K"], h["splitk_num"], 128)[1:]]
         seen[(h["tile_id"], h["splitk_num"], p["K"])] = (p["chain_starts"] == want, want == ceil)
     assert seen == {(10, 1, 8864): (True, True), (10, 4, 35856): (True, True), (10, 7, 56336): (True, True),
-                    (10, 25, 65536): (True, True), (47, 17, 45712): (True, False), (47, 17, 43536): (True, False),
+                    (10, 25, 65536): (True, True), (10, 17, 43536): (True, False), (47, 17, 45712): (True, False), (47, 17, 43536): (True, False),
                     (47, 18, 46096): (True, False), (47, 25, 64016): (True, False)}
 
 
