@@ -87,6 +87,9 @@ typedef unsigned long long cpt_u64;
 #ifndef CPT_EMAX_UNROLL
 #define CPT_EMAX_UNROLL 2  // unrolling of pass 1's bf16 loop, in pairs of K elements
 #endif
+#ifndef CPT_PREDECODE
+#define CPT_PREDECODE 0  // 1: stages copied (cp.async, two buffers) from images decoded once per call (cuda-rzacc)
+#endif
 #ifndef CPT_KPARTS
 #define CPT_KPARTS 1  // threads per output (cuda-rzacc): a step's products split over them (small M)
 #endif
@@ -160,8 +163,25 @@ struct CptShared {
 #endif
 };
 
+#if CPT_PREDECODE
+// The stage images (CPT_PREDECODE): for each block of R rows and each 32-element K chunk of an
+// operand, the first CPT_IMAGE_BYTES(R) bytes of its CptTile as cpt_store decodes that chunk
+// (every field up to flag; neg is not read by cuda-rzacc). cpemu_rzacc_predecode writes them
+// once per call; the GEMM kernel copies one per operand and step, in two alternating stages.
+#define CPT_IMAGE_BYTES(R) (sizeof(CptTile<R>) - 4 * (R))
+static_assert(CPT_RZACC && CPT_KPARTS == 1 && CPT_BM == CPT_BN, "CPT_PREDECODE: cuda-rzacc, square blocks");
+static_assert(CPT_IMAGE_BYTES(CPT_BM) % 16 == 0, "stage images are copied in 16-byte pieces");
+struct CptSharedPre {
+    CptStage st[2];
+};
+// kernels.py launches the GEMM with CPT_SMEM_BYTES and the predecode kernel with CPT_DECODE_SMEM_BYTES
+static_assert(sizeof(CptSharedPre) == CPT_SMEM_BYTES, "shared memory layout: update CPT_SMEM_BYTES and kernels.py");
+#define CPT_DECODE_SMEM_BYTES 38400  // sizeof(CptShared): one stage and the decode tables
+static_assert(sizeof(CptShared) == CPT_DECODE_SMEM_BYTES, "shared memory layout: update kernels.py");
+#else
 // kernels.py launches with CPT_SMEM_BYTES of dynamic shared memory (TILED_VARIANTS)
 static_assert(sizeof(CptShared) == CPT_SMEM_BYTES, "shared memory layout: update CPT_SMEM_BYTES and kernels.py");
+#endif
 
 // ------------------------------------------------------------------------ IEEE FP32
 // Every FP32 operation of this file is one of cpemu_fp32.cuh's PTX instructions without
@@ -300,6 +320,53 @@ __device__ __forceinline__ void cpt_store(CptTile<R>& t, const uint2 (&raw)[CPT_
 #include "cpemu_tiled_pass1.cuh"
 #include "cpemu_tiled_pass2.cuh"
 
+#if CPT_PREDECODE
+// ------------------------------------------------------------------------ stage images
+
+// One 16-byte asynchronous copy from global to shared memory (PTX cp.async.cg, sm_80 and newer).
+__device__ __forceinline__ void cpt_cp_async16(void* dst, const void* src) {
+    cpt_u32 s;
+    asm volatile("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cpt_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cpt_cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Starts the copy of the image of row block rb and the K chunk holding element k into tile t.
+template <int R>
+__device__ __forceinline__ void cpt_copy_image(CptTile<R>& t, const cpt_u8* __restrict__ img, int rb, int nchunks,
+                                               int k) {
+    const cpt_u8* src = img + ((cpt_i64)rb * nchunks + (k >> 5)) * CPT_IMAGE_BYTES(R);
+    constexpr int units = CPT_IMAGE_BYTES(R) / 16;
+#pragma unroll
+    for (int u = 0; u < (units + CPT_THREADS - 1) / CPT_THREADS; ++u) {
+        const int i = (int)threadIdx.x + u * CPT_THREADS;
+        if (units % CPT_THREADS == 0 || i < units) cpt_cp_async16((cpt_u8*)&t + 16 * i, src + 16 * i);
+    }
+}
+
+// The predecode kernel's body: the image of rows [R * blockIdx.y, + R) and K chunk blockIdx.x of
+// X (rows x K codes of format fmt) into img, by the decode of the GEMM kernels (cpt_store), with
+// zeros in every byte that decode leaves unwritten. bf_emax: pass 1's operand (both operands e4m3).
+__device__ __forceinline__ void cpt_predecode_body(const cpt_u8* __restrict__ X, int rows, int K, int fmt,
+                                                   int bf_emax, cpt_u8* __restrict__ img) {
+    extern __shared__ __align__(16) unsigned char cpt_smem[];
+    CptShared& sh = *reinterpret_cast<CptShared*>(cpt_smem);
+    CptTile<CPT_BM>& t = sh.st.a;
+    cpt_build_luts(sh, fmt, fmt, 1, 0);
+    const int k = (int)blockIdx.x * CPT_KT, ke = min(k + CPT_KT, K);
+    uint2 raw[CPT_LOADS(CPT_BM)];
+    cpt_fetch<CPT_BM>(X, rows, K, (int)blockIdx.y * CPT_BM, k, ke, raw);
+    for (int i = threadIdx.x; i < (int)(sizeof(CptTile<CPT_BM>) / 16); i += CPT_THREADS)
+        ((uint4*)&t)[i] = make_uint4(0u, 0u, 0u, 0u);
+    __syncthreads();  // the tables are built, the tile is cleared
+    cpt_store(t, raw, sh.lut[0], sh.lamlut[0], fmt, bf_emax, ke - k);
+    __syncthreads();
+    uint4* dst = (uint4*)(img + ((cpt_i64)blockIdx.y * gridDim.x + blockIdx.x) * CPT_IMAGE_BYTES(CPT_BM));
+    for (int i = threadIdx.x; i < (int)(CPT_IMAGE_BYTES(CPT_BM) / 16); i += CPT_THREADS) dst[i] = ((const uint4*)&t)[i];
+}
+#endif
+
 // ------------------------------------------------------------------------ kernel
 
 // The kernel's body. Same arguments as cpemu_gemm_simple (see gemm_simple.cu), plus ws: a
@@ -311,14 +378,25 @@ __device__ __forceinline__ void cpt_store(CptTile<R>& t, const uint2 (&raw)[CPT_
         int F, int R, int e_zero, const int *__restrict__ slices, int n_slices, int promotion,                       \
         const float *__restrict__ scale_a, int sa_stride, const float *__restrict__ scale_b, int sb_stride,          \
         int ep_order, const float *__restrict__ bias, int has_bias, void *__restrict__ out, int out_kind,            \
-        cpt_u32 nan_bits, float *__restrict__ ws
+        cpt_u32 nan_bits, float *__restrict__ ws CPT_IMAGE_PARAMS
 #define CPT_KERNEL_ARGS                                                                                               \
     A, Bt, M, N, K, a_fmt, b_fmt, L, F, R, e_zero, slices, n_slices, promotion, scale_a, sa_stride, scale_b,         \
-        sb_stride, ep_order, bias, has_bias, out, out_kind, nan_bits, ws
+        sb_stride, ep_order, bias, has_bias, out, out_kind, nan_bits, ws CPT_IMAGE_ARGS
+#if CPT_PREDECODE  // the images of A and B (cpemu_rzacc_predecode) and their chunks per row block
+#define CPT_IMAGE_PARAMS , const cpt_u8 *__restrict__ Ai, const cpt_u8 *__restrict__ Bi, int nchunks
+#define CPT_IMAGE_ARGS , Ai, Bi, nchunks
+#else
+#define CPT_IMAGE_PARAMS
+#define CPT_IMAGE_ARGS
+#endif
 
 __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
     extern __shared__ __align__(16) unsigned char cpt_smem[];
+#if CPT_PREDECODE
+    CptSharedPre& sp = *reinterpret_cast<CptSharedPre*>(cpt_smem);
+#else
     CptShared& sh = *reinterpret_cast<CptShared*>(cpt_smem);
+#endif
 #if CPT_KPARTS > 1
     const int owner = (int)threadIdx.x / CPT_KPARTS;  // the outputs' thread; CPT_PART: its part
     const int tx = owner % (CPT_BN / CPT_TN), ty = owner / (CPT_BN / CPT_TN);
@@ -331,7 +409,9 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
     const int S0 = F - cpemu_fp8_frac_bits(a_fmt) - cpemu_fp8_frac_bits(b_fmt);
     const cpt_u32 rmask = 0xFFFFFFFFu << (23 - R);
     const cpt_i64 MN = (cpt_i64)M * N;
+#if !CPT_PREDECODE
     cpt_build_luts(sh, a_fmt, b_fmt, fast, S0);
+#endif
 
     float acc[CPT_TM][CPT_TN];  // the chain's accumulator c; at the end, the FP32 result
 #pragma unroll
@@ -340,15 +420,37 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
         for (int j = 0; j < CPT_TN; ++j) acc[i][j] = 0.0f;
     int cbad = 0;  // some accumulator of this thread may be NaN / Inf
 
-    uint2 ra[CPT_LOADS(CPT_BM)], rb[CPT_LOADS(CPT_BN)];
     CpemuStep cur;  // the step's place in the schedule (cpemu_schedule.cuh)
     cpemu_step_slice(cur, slices, 0, promotion, L);
+#if CPT_PREDECODE
+    // every step lies in one 32-element K chunk (kernels.py checks the plan)
+    int buf = 0;
+    cpt_copy_image<CPT_BM>(sp.st[0].a, Ai, blockIdx.y, nchunks, cur.k);
+    cpt_copy_image<CPT_BN>(sp.st[0].b, Bi, blockIdx.x, nchunks, cur.k);
+    cpt_cp_async_commit();
+#else
+    uint2 ra[CPT_LOADS(CPT_BM)], rb[CPT_LOADS(CPT_BN)];
     cpt_fetch<CPT_BM>(A, M, K, m0, cur.k, cur.ke, ra);
     cpt_fetch<CPT_BN>(Bt, N, K, n0, cur.k, cur.ke, rb);
     const CptStage& st = sh.st;
+#endif
     for (;;) {
         const int s = cur.s, k = cur.k, ke = cur.ke, k0 = cur.k0, k1 = cur.k1, cstart = cur.cstart, cend = cur.cend;
-
+#if CPT_PREDECODE
+        const int kofs = k & (CPT_KT - 1);
+        cpt_cp_async_wait();
+        __syncthreads();  // this step's stage has landed; every thread is done with the other one
+        const CptStage& st = sp.st[buf];
+        CpemuStep next = cur;
+        const int more = cpemu_step_next(next, slices, n_slices, promotion, L) != 3;
+        if (more && (next.k >> 5) != (k >> 5)) {  // a step in the same chunk (L = 16) reads this stage again
+            cpt_copy_image<CPT_BM>(sp.st[buf ^ 1].a, Ai, blockIdx.y, nchunks, next.k);
+            cpt_copy_image<CPT_BN>(sp.st[buf ^ 1].b, Bi, blockIdx.x, nchunks, next.k);
+            cpt_cp_async_commit();
+            buf ^= 1;
+        }
+#else
+        const int kofs = 0;
         __syncthreads();  // the previous step is done with the stage (and the LUTs are built)
 #if CPT_RZACC
         cpt_store(sh.st.a, ra, sh.lut[0], sh.lamlut[0], a_fmt, bf_emax, ke - k);
@@ -366,6 +468,7 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
             cpt_fetch<CPT_BM>(A, M, K, m0, next.k, next.ke, ra);
             cpt_fetch<CPT_BN>(Bt, N, K, n0, next.k, next.ke, rb);
         }
+#endif
 
         if (k == cstart) {  // a chain starts from +0
 #pragma unroll
@@ -410,7 +513,7 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
 #pragma unroll
                 for (int j = 0; j < CPT_TN; ++j) em[i][j] = max(cpt_c_exp(acc[i][j]), 4);
         } else if (bf_emax) {
-            cpt_emax_bf16(st, ty, tx, klen, acc, em);
+            cpt_emax_bf16(st, ty, tx, kofs, klen, acc, em);
 #if CPT_PROBE_MMA > 0
             {  // the cost of issuing tensor-core instructions at all (benchmarks/README.md, "Any
                // tensor-core instruction lowers the SM clock"): CPT_PROBE_MMA MMAs of operands that
@@ -427,10 +530,10 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
             }
 #endif
         } else {
-            cpt_emax(st, ty, tx, klen, acc, em);
+            cpt_emax(st, ty, tx, kofs, klen, acc, em);
         }
 #if CPT_RZACC
-        cpt_sum_rzacc(st, ty, tx, klen, acc, em, F, cpt_lambda_min(a_fmt) + cpt_lambda_min(b_fmt), rmask, acc);
+        cpt_sum_rzacc(st, ty, tx, kofs, klen, acc, em, F, cpt_lambda_min(a_fmt) + cpt_lambda_min(b_fmt), rmask, acc);
 #else
         if (fast) {
             cpt_sum_fast(st, ty, tx, klen, acc, em, F, rmask, acc);

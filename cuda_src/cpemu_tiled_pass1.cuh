@@ -68,7 +68,7 @@ __device__ __forceinline__ void cpt_parts_max(int (&em)[CPT_TM][CPT_TN]) {
 // [2**(8 (E_max - 2)), 2**(8 (E_max - 2) + 4.1)), so floor(log2 X) / 8 rounded down is
 // E_max - 2 exactly (8 > 4.1). e4m3 products have E in [-12, 16]: every X stays a normal bf16
 // (2**-112 to 2**117). Zero, NaN and Inf codes contribute 0.
-__device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx, int klen,
+__device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx, int kofs, int klen,
                                               const float (&acc)[CPT_TM][CPT_TN], int (&em)[CPT_TM][CPT_TN]) {
     cpt_u32 X[CPT_TM][CPT_TN];
 #pragma unroll
@@ -77,8 +77,8 @@ __device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx
         for (int j = 0; j < CPT_TN; ++j) X[i][j] = 0u;
     CPT_STEP_LOOP(q, klen / 2, 1, CPT_UNROLL(CPT_EMAX_UNROLL)) {
         cpt_u32 xa[CPT_TM], xb[CPT_TN];
-        cpt_load_words(&sh.a.x2[q][ty * CPT_TM], xa);
-        cpt_load_words(&sh.b.x2[q][tx * CPT_TN], xb);
+        cpt_load_words(&sh.a.x2[kofs / 2 + q][ty * CPT_TM], xa);
+        cpt_load_words(&sh.b.x2[kofs / 2 + q][tx * CPT_TN], xb);
 #pragma unroll
         for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
@@ -100,8 +100,8 @@ __device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx
 }
 
 // Pass 1: em[i][j] = max(e_max of the products, exponent of c) for the thread's outputs.
-__device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int klen, const float (&acc)[CPT_TM][CPT_TN],
-                                         int (&em)[CPT_TM][CPT_TN]) {
+__device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int kofs, int klen,
+                                         const float (&acc)[CPT_TM][CPT_TN], int (&em)[CPT_TM][CPT_TN]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
     // Lanes: m0[p][q] = (out(2p, 2q), out(2p+1, 2q+1)), m1[p][q] = (out(2p, 2q+1), out(2p+1, 2q)).
     cpt_u32 m0[CPT_TM / 2][CPT_TN / 2], m1[CPT_TM / 2][CPT_TN / 2];
@@ -117,10 +117,10 @@ __device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int
     CPT_STEP_LOOP(kk, klen, 1, CPT_UNROLL(1)) {
         cpt_u32 a2[CPT_TM / 2], b2[CPT_TN / 2], bs[CPT_TN / 2];
 #pragma unroll
-        for (int p = 0; p < CPT_TM / 2; ++p) a2[p] = *(const cpt_u32*)&sh.a.e[kk][ty * CPT_TM + 2 * p];
+        for (int p = 0; p < CPT_TM / 2; ++p) a2[p] = *(const cpt_u32*)&sh.a.e[kofs + kk][ty * CPT_TM + 2 * p];
 #pragma unroll
         for (int q = 0; q < CPT_TN / 2; ++q) {
-            b2[q] = *(const cpt_u32*)&sh.b.e[kk][tx * CPT_TN + 2 * q];
+            b2[q] = *(const cpt_u32*)&sh.b.e[kofs + kk][tx * CPT_TN + 2 * q];
             bs[q] = __byte_perm(b2[q], 0u, 0x1032);  // swap the halves
         }
 #pragma unroll
@@ -151,9 +151,9 @@ __device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int
     CPT_STEP_LOOP(kk, klen, 1, CPT_UNROLL(1)) {
         int ea[CPT_TM], eb[CPT_TN];
 #pragma unroll
-        for (int i = 0; i < CPT_TM; ++i) ea[i] = sh.a.e[kk][ty * CPT_TM + i];
+        for (int i = 0; i < CPT_TM; ++i) ea[i] = sh.a.e[kofs + kk][ty * CPT_TM + i];
 #pragma unroll
-        for (int j = 0; j < CPT_TN; ++j) eb[j] = sh.b.e[kk][tx * CPT_TN + j];
+        for (int j = 0; j < CPT_TN; ++j) eb[j] = sh.b.e[kofs + kk][tx * CPT_TN + j];
 #pragma unroll
         for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll

@@ -43,7 +43,7 @@ __device__ __forceinline__ void cpt_load_vs(const CptTile<R>& t, int kk, int r0,
 // bits and summed by dp4a (128 per counted product). The count is added to X's bit pattern (one
 // ulp each), X - B is exact (Sterbenz), and clearing the low 23 - R bits rounds it toward zero to
 // R fraction bits. cpemu/rzacc_twin.py is this arithmetic in numpy, with these claims asserted.
-__device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx, int klen,
+__device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx, int kofs, int klen,
                                               const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
                                               int F, int lmin, cpt_u32 rmask, float (&out)[CPT_TM][CPT_TN]) {
     float X[CPT_TM][CPT_TN];     // the biased accumulator
@@ -71,15 +71,15 @@ __device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx
         cpt_u32 la[CPT_TM], lb[CPT_TN], sa[CPT_TM], sb[CPT_TN];
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
-            cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.a.v[kk + h][ty * CPT_TM]),
+            cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.a.v[kofs + kk + h][ty * CPT_TM]),
                            reinterpret_cast<cpt_u32(&)[CPT_TM]>(va[h]));
-            cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.b.v[kk + h][tx * CPT_TN]),
+            cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.b.v[kofs + kk + h][tx * CPT_TN]),
                            reinterpret_cast<cpt_u32(&)[CPT_TN]>(vb[h]));
         }
-        cpt_load_words(&sh.a.lam[kk / 4][ty * CPT_TM], la);
-        cpt_load_words(&sh.b.lam[kk / 4][tx * CPT_TN], lb);
-        cpt_load_words(&sh.a.sg[kk / 4][ty * CPT_TM], sa);
-        cpt_load_words(&sh.b.sg[kk / 4][tx * CPT_TN], sb);
+        cpt_load_words(&sh.a.lam[(kofs + kk) / 4][ty * CPT_TM], la);
+        cpt_load_words(&sh.b.lam[(kofs + kk) / 4][tx * CPT_TN], lb);
+        cpt_load_words(&sh.a.sg[(kofs + kk) / 4][ty * CPT_TM], sa);
+        cpt_load_words(&sh.b.sg[(kofs + kk) / 4][tx * CPT_TN], sb);
 #pragma unroll
         for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll

@@ -67,7 +67,8 @@ SIMPLE_DEFINES = tuple(os.environ.get("CPEMU_TEST_SIMPLE_DEFINES", "").split())
 #: kernel by the model -- the staged one for Ada and Hopper -- and plain "cuda-tiled" its
 #: geometry by M)
 FAMILIES = ("cuda-simple", "cuda-simple:per-output", "cuda-tiled", "cuda-tiled:gemm_tiled",
-            "cuda-tiled:gemm_tiled_small_m", "cuda-rzacc", "cuda-rzacc:gemm_rzacc", "cuda-rzacc:gemm_rzacc_small_m")
+            "cuda-tiled:gemm_tiled_small_m", "cuda-rzacc", "cuda-rzacc:gemm_rzacc", "cuda-rzacc:gemm_rzacc_small_m",
+            "cuda-rzacc:gemm_rzacc_pre")
 
 
 def gemm_cuda(*args, **kw):
@@ -88,7 +89,12 @@ def gemm_cuda(*args, **kw):
         kw.setdefault("defines", SIMPLE_DEFINES)
     if name == "cuda-rzacc" and RZACC_DEFINES:
         kw.setdefault("defines", RZACC_DEFINES)
-    return _gemm_cuda(name, *(args if by_name else args[1:]), **kw)
+    try:
+        return _gemm_cuda(name, *(args if by_name else args[1:]), **kw)
+    except ValueError as e:  # the stage-image geometry runs only plans whose steps lie in 32-element K chunks
+        if variant == "gemm_rzacc_pre" and "gemm_rzacc_pre cannot run this call" in str(e):
+            pytest.skip(str(e)[:200])
+        raise
 
 TRUTH = os.path.join(os.path.dirname(__file__), "data", "h200")
 HOPPER = "hopper-h200-torch"

@@ -30,7 +30,12 @@ def test_launch_constants_match_the_source(module):
                      (SRC / f"{module}.cu").read_text())
     # the shared memory the header lays out: per operand tile 328 bytes per row, plus 4096 of tables;
     # with CPT_RZACC (cuda-rzacc) 264 bytes per row, plus 4608 of tables
-    if module in kernels.TILED_FAMILIES["cuda-rzacc"]:
+    if module == kernels.RZACC_PRE:  # two stages, no tables (the predecode kernel has them)
+        assert "#define CPT_RZACC 1" in (SRC / f"{module}.cu").read_text()
+        assert smem == 2 * 264 * (bm + bn) and bm == bn == 64
+        assert kernels.PREDECODE[1] == 264 * (bm + bn) + 4608 and kernels.PREDECODE[3] == 260 * bm
+        assert "#define CPT_DECODE_SMEM_BYTES 38400" in (SRC / "cpemu_tiled.cuh").read_text()
+    elif module in kernels.TILED_FAMILIES["cuda-rzacc"]:
         assert "#define CPT_RZACC 1" in (SRC / f"{module}.cu").read_text()
         assert smem == 264 * (bm + bn) + 4608
     else:

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "199f8808ff1bd37a2629a4cf7a29f59a96e28fe996539ac11f3ef0a5dce73e2d"
+MANIFEST_SHA256 = "13001d4b17e4e95338648f449b5e1618aaf595bedb5e8b44678905a2eba5dc80"

@@ -67,7 +67,11 @@ KERNELS = {
 #: kernel family -> every module it needs
 #: the families built on the tiled body (cpemu_tiled.cuh): family -> (large, small-M) geometry
 TILED_FAMILIES = {"cuda-tiled": ("gemm_tiled", "gemm_tiled_small_m"), "cuda-rzacc": ("gemm_rzacc", "gemm_rzacc_small_m")}
-MODULES = {"cuda-simple": ("gemm_simple",), **TILED_FAMILIES}
+#: the large geometry of cuda-rzacc fed from stage images decoded once per call (gemm_rzacc_pre.cu;
+#: :func:`predecode_limit` says where it runs in place of gemm_rzacc)
+RZACC_PRE = "gemm_rzacc_pre"
+MODULES = {"cuda-simple": ("gemm_simple",), "cuda-tiled": TILED_FAMILIES["cuda-tiled"],
+           "cuda-rzacc": TILED_FAMILIES["cuda-rzacc"] + (RZACC_PRE,)}
 FAMILIES = tuple(KERNELS)
 #: the tensor-core backend (cpemu/cuda/tensorcore.py): same call, device-dependent bits
 TENSOR_CORE = _TENSOR_CORE
@@ -92,7 +96,18 @@ TILED_VARIANTS = {
     "gemm_tiled_small_m": ("cpemu_gemm_tiled_small_m", 16, 32, 2, 4, 19840),
     "gemm_rzacc": ("cpemu_gemm_rzacc", 64, 64, 8, 4, 38400),
     "gemm_rzacc_small_m": ("cpemu_gemm_rzacc_small_m", 16, 32, 2, 4, 17280),
+    RZACC_PRE: ("cpemu_gemm_rzacc_pre", 64, 64, 8, 4, 67584),
 }
+#: gemm_rzacc_pre's predecode kernel: (name, shared memory bytes, K elements per chunk, bytes of
+#: one image of 64 rows: 260 per row)
+PREDECODE = ("cpemu_rzacc_predecode", 38400, 32, 260 * 64)
+#: gemm_rzacc_pre runs where both operands' images take at most this many bytes, and at most a
+#: quarter of the GPU's free memory (else gemm_rzacc, the same bits)
+PREDECODE_MAX_BYTES = 4 << 30
+#: ... and where M and N are both at least this: the predecode kernel writes about 8 bytes per
+#: operand element, so at M = 256 it costs more than the stages gain (H200: 0.93-1.02x at M = 256,
+#: 1.07-1.10x at M = 2048 on the Evo 2 shapes; docs/design-notes.md)
+PREDECODE_MIN_MN = 512
 #: ``cuda-rzacc`` computes models with F up to this: the biased accumulator's binade holds the
 #: step's sum (|c| < 2**(e_max+1), L <= 32 products below 2**(e_max+2) each, so
 #: |sum| < 2**(e_max+8) <= 2**(e_max - F + 22)); Ada and Hopper have F = 13
@@ -148,9 +163,12 @@ def get_kernel(kernel_family: str, defines: tuple = (), module: str | None = Non
     module = module or KERNELS[kernel_family][0]
     if module not in MODULES[kernel_family]:
         raise ValueError(f"module: must be one of {MODULES[kernel_family]} for {kernel_family} (got {module!r})")
-    if kernel is not None and (kernel_family != "cuda-simple" or kernel not in SIMPLE_KERNELS):
+    predecode = kernel == "predecode" and module == RZACC_PRE
+    if kernel is not None and not predecode and (kernel_family != "cuda-simple" or kernel not in SIMPLE_KERNELS):
         raise ValueError(f"kernel: must be None, or for cuda-simple one of {sorted(SIMPLE_KERNELS)} (got {kernel!r})")
-    if kernel is not None:
+    if predecode:
+        name = PREDECODE[0]
+    elif kernel is not None:
         name = SIMPLE_KERNELS[kernel][0]
     else:
         name = TILED_VARIANTS[module][0] if module in TILED_VARIANTS else KERNELS[kernel_family][1]
@@ -174,7 +192,7 @@ def get_kernel(kernel_family: str, defines: tuple = (), module: str | None = Non
 
                 fn = get_function(module, name)
             if module in TILED_VARIANTS:  # its dynamic shared memory (the launch checks the limit)
-                fn.max_dynamic_shared_size_bytes = TILED_VARIANTS[module][5]
+                fn.max_dynamic_shared_size_bytes = PREDECODE[1] if predecode else TILED_VARIANTS[module][5]
             _cache[key] = fn
     return fn
 
@@ -347,9 +365,9 @@ def gemm_cuda(kernel_family: str, a_codes, bt_codes, a_format, b_format, plan: P
     """
     if kernel_family not in DIRECT:
         _fail("kernel_family", f"must be one of {DIRECT}", repr(kernel_family))
-    if tiled_module is not None and tiled_module not in TILED_FAMILIES.get(kernel_family, ()):
+    if tiled_module is not None and (kernel_family not in TILED_FAMILIES or tiled_module not in MODULES[kernel_family]):
         _fail("tiled_module", "must be None, or for " + ", ".join(
-            f"{f} one of {list(m)}" for f, m in TILED_FAMILIES.items()), repr(tiled_module))
+            f"{f} one of {list(MODULES[f])}" for f in TILED_FAMILIES), repr(tiled_module))
     if simple_kernel is not None and (kernel_family != "cuda-simple" or simple_kernel not in SIMPLE_KERNELS):
         _fail("simple_kernel", f"must be None, or for cuda-simple one of {sorted(SIMPLE_KERNELS)}",
               repr(simple_kernel))
@@ -455,13 +473,66 @@ def launch(kernel_family: str, call: Call, ops: Operands, *, defines: tuple = ()
         raise ValueError(f"model: {why}")
     module = tiled_module_for(M, N, _sm_count(a.data.device_id), kernel_family) if tiled_module is None \
         else tiled_module
+    if module == RZACC_PRE or (tiled_module is None and module == "gemm_rzacc" and min(M, N) >= PREDECODE_MIN_MN):
+        why_not = predecode_limit(call, a.data.device_id)
+        if module == RZACC_PRE and why_not:
+            _fail("tiled_module", f"{RZACC_PRE} cannot run this call: {why_not}", module)
+        module = "gemm_rzacc" if why_not else RZACC_PRE
     fn = get_kernel(kernel_family, tuple(defines), module)
     _, bm, bn, _, _, smem = TILED_VARIANTS[module]
     grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, 1)
     if grid[1] > 65535:
         _fail("a_codes", f"M must be at most {65535 * bm} for the tiled kernel", M)
-    fn(grid, (tiled_threads(module, defines), 1, 1), tuple(args + [ws]), shared_mem=smem)
+    if module == RZACC_PRE:
+        args += [ws] + _images(call, a, bt, defines)
+    else:
+        args += [ws]
+    fn(grid, (tiled_threads(module, defines), 1, 1), tuple(args), shared_mem=smem)
     return out
+
+
+def predecode_limit(call, device: int) -> str | None:
+    """Why ``gemm_rzacc_pre`` cannot run ``call`` on ``device`` (then gemm_rzacc runs it, the
+    same bits), or None: every step must lie in one 32-element K chunk (L divides 32 and every
+    slice starts at a multiple of L), the two operands' stage images must fit PREDECODE_MAX_BYTES
+    and a quarter of the free memory, and the SM must hold two blocks' shared memory."""
+    L, chunk = call.model.L, PREDECODE[2]
+    if chunk % L or any(k0 % L for k0, _ in call.plan.slices):
+        return f"its steps do not lie in {chunk}-element K chunks (L = {L}, slices {list(call.plan.slices)[:4]})"
+    need = _image_bytes(call.M, call.K) + _image_bytes(call.N, call.K)
+    free = int(_cupy().cuda.runtime.memGetInfo()[0])
+    if need > min(PREDECODE_MAX_BYTES, free // 4):
+        return f"its stage images take {need} bytes (at most {PREDECODE_MAX_BYTES} and a quarter of the {free} free)"
+    if _smem_per_sm(device) < 2 * TILED_VARIANTS[RZACC_PRE][5]:
+        return "the SM holds less than two blocks' shared memory"
+    return None
+
+
+def _image_bytes(rows: int, K: int) -> int:
+    """Bytes of one operand's stage images: 260 per row (rounded up to 64 rows) and 32 K elements."""
+    return -(-rows // 64) * -(-K // PREDECODE[2]) * PREDECODE[3]
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_per_sm(device: int) -> int:
+    return int(_cupy().cuda.Device(device).attributes["MaxSharedMemoryPerMultiprocessor"])
+
+
+def _images(call, a, bt, defines) -> list:
+    """The stage images of A and B (cpemu_rzacc_predecode, on the current stream) and the
+    number of K chunks: the GEMM kernel's last three arguments."""
+    cupy = _cupy()
+    name, smem, chunk, size = PREDECODE
+    fn = get_kernel("cuda-rzacc", tuple(defines), RZACC_PRE, kernel="predecode")
+    nchunks = -(-call.K // chunk)
+    bf_emax = np.int32(call.a_format.name == "e4m3" and call.b_format.name == "e4m3")
+    out = []
+    for x, rows, fmt in ((a, call.M, call.a_format), (bt, call.N, call.b_format)):
+        img = cupy.empty(_image_bytes(rows, call.K), dtype=cupy.uint8)
+        fn((nchunks, -(-rows // 64), 1), (tiled_threads(RZACC_PRE, defines), 1, 1),
+           (x, np.int32(rows), np.int32(call.K), np.int32(fmt.name == "e5m2"), bf_emax, img), shared_mem=smem)
+        out.append(img)
+    return out + [np.int32(nchunks)]
 
 
 def _aligned(x):
