@@ -92,8 +92,8 @@ def _checked_points(profile, kernels, full):
     for path in RECORDS:
         with open(path) as f:
             rec = json.load(f)
-        if rec["profile"]["name"] != profile:
-            continue
+        if rec["profile"]["name"] != profile or "cuda-simple" not in rec["kernels"]:
+            continue  # a record without cuda-simple compares with another kernel (test_rzacc_pre_records)
         for e in rec["exactness"]:
             if e["kernel"] not in kernels:
                 continue
@@ -136,3 +136,32 @@ def test_dropin_record_matches_native_everywhere():
         assert abs(r["emulated_over_native"] - r["native"]["ms"] / r["emulated"]["ms"]) < 1e-12, key
         for side in ("native", "emulated"):
             assert len(r[side]["windows_ms_per_call"]) >= 5 and r[side]["timing"] == "windows", (key, side)
+
+
+def test_rzacc_pre_records():
+    """The records of cuda-rzacc on its stage-image geometry (gemm_rzacc_pre, picked at M = 2048):
+    on both profiles, every point's whole output equals cuda-tiled's and its first row the
+    reference's; and the side-by-side run of the two geometries gave the same bytes at every
+    point, the stage images being faster at M = 2048 and not at M = 256 (the PREDECODE_MIN_MN rule)."""
+    from cpemu.cuda import kernels
+
+    for profile in ("hopper-h200-torch", "ada-rtx4060-torch"):
+        with open(os.path.join(HERE, "..", "benchmarks", "h200", f"h200_{profile}_rzacc_pre.json")) as f:
+            rec = json.load(f)
+        assert rec["kernels"] == ["cuda-rzacc", "cuda-tiled"] and not rec["failures"]
+        rz = [e for e in rec["exactness"] if e["kernel"] == "cuda-rzacc"]
+        assert {(e["shape"], e["data"]) for e in rz} == {(s, d) for s in ("evo2-7b", "evo2-40b") for d in DATA}
+        for e in rz:
+            assert e["M"] == 2048 and e["vs_reference_rows"]["ok"] and e["vs_reference_rows"]["compared"] == e["N"]
+            cmp = e["vs_cuda_simple"]
+            assert cmp["against"] == "cuda-tiled" and cmp["ok"] and cmp["compared"] == e["M"] * e["N"], e
+    with open(os.path.join(HERE, "..", "benchmarks", "h200-geometry", "h200_rzacc_pre_vs_rzacc.json")) as f:
+        rows = json.load(f)
+    assert len(rows) == 36 and all(r["same_bytes_as_gemm_rzacc"] for r in rows)
+    ms = {}
+    for r in rows:
+        ms.setdefault((r["profile"], r["data"], r["shape"], r["M"]), {})[(r["module"], tuple(r["defines"]))] = r["ms"]
+    for (profile, data, shape, M), t in ms.items():
+        gain = t[("gemm_rzacc", ())] / t[(kernels.RZACC_PRE, ())]
+        assert (gain > 1.05) if M == 2048 else (gain < 1.03), (profile, data, shape, M, gain)
+        assert (M >= kernels.PREDECODE_MIN_MN) == (M == 2048)
