@@ -1,6 +1,6 @@
 """The two geometries of the ``cuda-tiled`` kernel side by side (what ``tiled_module_for`` picks from).
 
-For each (shape, data, M) both geometries of :data:`cpemu.cuda.kernels.TILED_VARIANTS` run the
+For each (shape, data, M) both geometries of ``cuda-tiled`` (:data:`cpemu.cuda.kernels.TILED_FAMILIES`) run the
 same GEMM (the profile's plan, e4m3 operands from :mod:`cpemu.cases`, unit scales, bf16
 output, fast accumulation), forced through ``gemm_cuda(..., tiled_module=...)``. Timing is
 ``bench_kernels``' (:func:`benchkit.timing.time_windows`: warm-up, CUDA-event windows, median).
@@ -44,7 +44,7 @@ def _point(rec, cp, stream, prof, sms, label, N, K, dlabel, kind, M, o):
     r = {"shape": label, "N": N, "K": K, "M": M, "data": dlabel, "splits": plan.splits,
          "picked": kernels.tiled_module_for(M, N, sms)}
     sha = {}
-    for module in kernels.TILED_VARIANTS:
+    for module in kernels.TILED_FAMILIES["cuda-tiled"]:
         launch = direct_launcher("cuda-tiled", prof, M, N, K, True, "bfloat16", (ad, btd, one, one),
                                  tiled_module=module)
         with stream:
@@ -55,13 +55,13 @@ def _point(rec, cp, stream, prof, sms, label, N, K, dlabel, kind, M, o):
         sha[module] = hashlib.sha256(host.tobytes()).hexdigest()
         r[module] = dict(t, output_sha256=sha[module])
     r["same_bits"] = len(set(sha.values())) == 1
-    first, second = kernels.TILED_VARIANTS
+    first, second = kernels.TILED_FAMILIES["cuda-tiled"]
     r["speedup_of_" + second] = r[first]["ms"] / r[second]["ms"]
     rec["results"].append(r)
     if not r["same_bits"]:
         rec["failures"].append(f"{label} {dlabel} M={M}: the geometries' outputs differ")
     click.echo(f"{label:9s} {dlabel:11s} M={M:<5d} " + "  ".join(
-        f"{m} {r[m]['ms']:8.3f} ms ({r[m]['tmac_s']:.2f} TMAC/s)" for m in kernels.TILED_VARIANTS)
+        f"{m} {r[m]['ms']:8.3f} ms ({r[m]['tmac_s']:.2f} TMAC/s)" for m in kernels.TILED_FAMILIES["cuda-tiled"])
         + f"  {second}: {r['speedup_of_' + second]:.2f}x  picked {r['picked']}  same bits {r['same_bits']}")
 
 
@@ -89,7 +89,7 @@ def main(shapes, m_list, data, profile, window_s, windows, seed, out_path):
     sms = int(dev.attributes["MultiProcessorCount"])
     rec = {**record_header("tools/bench_tiled_geometry.py"),
            "device": {"name": cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(), "sm_count": sms},
-           "profile": profile, "geometries": {m: list(v) for m, v in kernels.TILED_VARIANTS.items()},
+           "profile": profile, "geometries": {m: list(kernels.TILED_VARIANTS[m]) for m in kernels.TILED_FAMILIES["cuda-tiled"]},
            "timing": f"median of {windows} CUDA-event windows of >= {window_s} s (bench_kernels.time_device)",
            "results": [], "failures": []}
     stream = cp.cuda.Stream(non_blocking=True)
