@@ -118,28 +118,36 @@ def write_table(path: str, meta: dict, pairs: dict, configs: list, marks: dict |
     renumber = np.arange(NONE + 1, dtype=np.uint16)  # ids and NONE fit 16 bits: a quarter of the memory
     renumber[order] = np.arange(len(configs))
     configs = [configs[i] for i in order]
-    grid_cols = {}
-    for mn in keys:
+    def grid_cols(mn):  # the pair's columns along the grid (expanded one pair at a time: O(one pair) memory)
         cols = []
         for key in combos:
             r = np.asarray(pairs[mn][key], np.int64)
             if r[-2] != meta["nk"]:
                 raise ValueError(f"write_table: the runs of {mn} {key} end at {r[-2]}, not at the grid's end")
             cols.append(renumber[np.repeat(r[1::2], np.diff(np.concatenate(([0], r[0::2]))))])
-        grid_cols[mn] = cols
+        return cols
+
+    def runs(idx, first):  # per combination, each pair's runs; None if a column breaks the K law (idx)
+        parts = {j: [] for j in range(len(combos))}
+        for mn in keys:
+            cols = grid_cols(mn)
+            if idx is not None:
+                if any((col != col[first][idx]).any() for col in cols):
+                    return None
+                cols = [col[first] for col in cols]
+            for j, col in enumerate(cols):
+                b = meta["base"][j]
+                parts[j].append(column_runs(col if b < 0 else np.where(col == cols[b], SAME, col)))
+        return parts
+
+    parts = None
     if meta.get("store") == "k-law":
         idx = stored_index(meta) if _k_law_ready(meta) else None
-        first = None if idx is None else np.unique(idx, return_index=True)[1]
-        if idx is None or any((col != col[first][idx]).any() for cols in grid_cols.values() for col in cols):
+        parts = None if idx is None else runs(idx, np.unique(idx, return_index=True)[1])
+        if parts is None:
             meta["store"] = "grid"  # some column breaks the law (or the grid does not fit it)
-        else:
-            grid_cols = {mn: [col[first] for col in cols] for mn, cols in grid_cols.items()}
-    parts = {j: [] for j in range(len(combos))}
-    for mn in keys:
-        cols = grid_cols[mn]
-        for j, col in enumerate(cols):
-            b = meta["base"][j]
-            parts[j].append(column_runs(col if b < 0 else np.where(col == cols[b], SAME, col)))
+    if parts is None:
+        parts = runs(None, None)
     marks = marks or {}
     arrays = {"pairs": np.array([pair_key(*mn) for mn in keys], np.int64),
               "configs": np.asarray(configs, np.int32).reshape(len(configs), len(meta["fields"])),
