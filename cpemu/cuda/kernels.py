@@ -22,7 +22,10 @@ Two kernel families compute the same bits as :mod:`cpemu.reference`:
   multiply-add into it, and the negative products that lose bits are counted four at a time
   with byte-packed integer operations (``cpt_sum_rzacc``; :mod:`cpemu.rzacc_twin` is its
   arithmetic in numpy, with its claims asserted). Ada and Hopper models only
-  (:data:`RZACC_MAX_F`); Blackwell's F = 25 runs on ``cuda-tiled``.
+  (:data:`RZACC_MAX_F`); Blackwell's F = 25 runs on ``cuda-tiled``. A third geometry,
+  ``gemm_rzacc_pre.cu``, takes the large one's place where :func:`predecode_limit` allows: each
+  operand is decoded once per call into stage images, which the GEMM kernel copies (``cp.async``)
+  into two alternating shared-memory stages.
 
 :func:`gemm_cuda` takes the operands as cupy ``uint8`` code matrices (``a`` (M, K), ``bt``
 (N, K): B transposed, K contiguous), the :class:`~cpemu.schedule.Plan`, the
