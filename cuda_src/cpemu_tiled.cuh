@@ -90,6 +90,9 @@ typedef unsigned long long cpt_u64;
 #ifndef CPT_PREDECODE
 #define CPT_PREDECODE 0  // 1: stages copied (cp.async, two buffers) from images decoded once per call (cuda-rzacc)
 #endif
+#ifndef CPT_PASS1_MMA
+#define CPT_PASS1_MMA 0  // 1 (with CPT_PREDECODE; measurement builds): pass 1 of e4m3 x e4m3 on tensor cores (cpt_emax_mma)
+#endif
 #ifndef CPT_KPARTS
 #define CPT_KPARTS 1  // threads per output (cuda-rzacc): a step's products split over them (small M)
 #endif
@@ -173,6 +176,9 @@ static_assert(CPT_RZACC && CPT_KPARTS == 1 && CPT_BM == CPT_BN, "CPT_PREDECODE: 
 static_assert(CPT_IMAGE_BYTES(CPT_BM) % 16 == 0, "stage images are copied in 16-byte pieces");
 struct CptSharedPre {
     CptStage st[2];
+#if CPT_PASS1_MMA
+    signed char emx[CPT_BM][CPT_BN];  // pass 1's e_max of the products, from the MMA layout to the threads'
+#endif
 };
 // kernels.py launches the GEMM with CPT_SMEM_BYTES and the predecode kernel with CPT_DECODE_SMEM_BYTES
 static_assert(sizeof(CptSharedPre) == CPT_SMEM_BYTES, "shared memory layout: update CPT_SMEM_BYTES and kernels.py");
@@ -513,7 +519,11 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
 #pragma unroll
                 for (int j = 0; j < CPT_TN; ++j) em[i][j] = max(cpt_c_exp(acc[i][j]), 4);
         } else if (bf_emax) {
+#if CPT_PASS1_MMA
+            cpt_emax_mma(st, sp.emx, ty, tx, kofs, klen, acc, em);
+#else
             cpt_emax_bf16(st, ty, tx, kofs, klen, acc, em);
+#endif
 #if CPT_PROBE_MMA > 0
             {  // the cost of issuing tensor-core instructions at all (benchmarks/README.md, "Any
                // tensor-core instruction lowers the SM clock"): CPT_PROBE_MMA MMAs of operands that

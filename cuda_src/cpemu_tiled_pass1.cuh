@@ -99,6 +99,70 @@ __device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx
 #endif
 }
 
+#if CPT_PASS1_MMA
+// Pass 1 for e4m3 x e4m3 on tensor cores (measurement build, with CPT_PREDECODE): the same sum as
+// cpt_emax_bf16, X = sum of 2**(8 (e_a - 1)) * 2**(8 (e_b - 1)) over the step's products, by
+// bf16 mma.sync with an FP32 accumulator, one m16n8k16 tile per 16 rows, 8 columns and 16 K
+// elements: a warp's outputs (2 x 8 rows of 8 x 4 per thread, all 64 columns) are one 16 x 64
+// tile. The terms are exact powers of two (8 (E - 2) in [-112, 112]: normal FP32) and there are
+// at most 32: whatever alignment and rounding the tensor core applies, as long as it keeps the
+// largest term, X lies in [2**(8 (E_max - 2)), 2**(8 (E_max - 2) + 5.1)), so its exponent read as
+// in cpt_emax_bf16 is E_max exactly. The 64 x 64 results go through shared memory (emx) to the
+// threads that own the outputs. Only sm_80 and newer (mma.sync bf16).
+static_assert(!CPT_PASS1_MMA || (CPT_PREDECODE && CPT_BM == 64 && CPT_BN == 64 && CPT_TM == 8 && CPT_TN == 4),
+              "CPT_PASS1_MMA: gemm_rzacc_pre's geometry (a warp's outputs are one 16 x 64 tile)");
+
+__device__ __forceinline__ void cpt_mma_bf16(float (&d)[4], const cpt_u32 (&a)[4], cpt_u32 b0, cpt_u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// E_max of a sum X of the terms above (cpt_emax_bf16's reading, on FP32 bits); -128 when every
+// product is zero (below any exponent of c, which is at least -126)
+__device__ __forceinline__ int cpt_emax_of(float x) {
+    const cpt_u32 u = __float_as_uint(x);
+    return u ? (int)(((u >> 23) + 1u) >> 3) - 14 : -128;
+}
+
+__device__ __forceinline__ void cpt_emax_mma(const CptStage& sh, signed char (&emx)[CPT_BM][CPT_BN], int ty, int tx,
+                                             int kofs, int klen, const float (&acc)[CPT_TM][CPT_TN],
+                                             int (&em)[CPT_TM][CPT_TN]) {
+    const int lane = (int)threadIdx.x & 31, g = lane >> 2, c = lane & 3, r0 = 16 * ((int)threadIdx.x >> 5);
+    const int q0 = kofs / 2;  // the step's first pair of K elements in the stage
+    cpt_u32 a[2][4];          // A fragments of K elements [16 h, 16 h + 16) of the step, 0 past klen
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int q = q0 + 8 * h + c;
+        const bool lo = 16 * h + 2 * c < klen, hi = 16 * h + 2 * c + 8 < klen;
+        a[h][0] = lo ? sh.a.x2[q][r0 + g] : 0u;
+        a[h][1] = lo ? sh.a.x2[q][r0 + g + 8] : 0u;
+        a[h][2] = hi ? sh.a.x2[q + 4][r0 + g] : 0u;
+        a[h][3] = hi ? sh.a.x2[q + 4][r0 + g + 8] : 0u;
+    }
+#pragma unroll
+    for (int t = 0; t < CPT_BN / 8; ++t) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        cpt_mma_bf16(d, a[0], sh.b.x2[q0 + c][8 * t + g], sh.b.x2[q0 + c + 4][8 * t + g]);
+        if (klen > 16) cpt_mma_bf16(d, a[1], sh.b.x2[q0 + 8 + c][8 * t + g], sh.b.x2[q0 + 12 + c][8 * t + g]);
+        // d: (row g, columns 2c and 2c + 1) and (row g + 8, the same columns) of tile t
+        const cpt_u32 top = ((cpt_u32)cpt_emax_of(d[0]) & 0xFFu) | (((cpt_u32)cpt_emax_of(d[1]) & 0xFFu) << 8);
+        const cpt_u32 bot = ((cpt_u32)cpt_emax_of(d[2]) & 0xFFu) | (((cpt_u32)cpt_emax_of(d[3]) & 0xFFu) << 8);
+        *(cpt_u16*)&emx[r0 + g][8 * t + 2 * c] = (cpt_u16)top;
+        *(cpt_u16*)&emx[r0 + g + 8][8 * t + 2 * c] = (cpt_u16)bot;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i) {
+        const cpt_u32 w = *(const cpt_u32*)&emx[ty * CPT_TM + i][tx * CPT_TN];
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) em[i][j] = max(cpt_c_exp(acc[i][j]), (int)(signed char)(w >> (8 * j)));
+    }
+    __syncwarp();  // emx is read before the next step writes it
+}
+#endif
+
 // Pass 1: em[i][j] = max(e_max of the products, exponent of c) for the thread's outputs.
 __device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int kofs, int klen,
                                          const float (&acc)[CPT_TM][CPT_TN], int (&em)[CPT_TM][CPT_TN]) {

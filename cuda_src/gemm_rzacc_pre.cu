@@ -20,8 +20,15 @@
 #ifndef CPT_MINBLOCKS
 #define CPT_MINBLOCKS 3  // 168 registers; three blocks' stages fit an SM of 228 KB (Hopper)
 #endif
+#ifndef CPT_PASS1_MMA
+#define CPT_PASS1_MMA 0
+#endif
 #ifndef CPT_SMEM_BYTES
+#if CPT_PASS1_MMA
+#define CPT_SMEM_BYTES 71680  // two stages of 264 bytes per row of A and of B, and pass 1's 64 x 64 bytes
+#else
 #define CPT_SMEM_BYTES 67584  // two stages of 264 bytes per row of A and of B
+#endif
 #endif
 
 #include "cpemu_tiled.cuh"

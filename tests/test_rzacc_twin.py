@@ -198,3 +198,38 @@ def test_step_split_over_parts(model, parts, kind):
             want = ref.tfdpa(c, ref.decode(a, FP8_FORMATS[fa]), ref.decode(b, FP8_FORMATS[fb]), m)
             got = tw.step(c, a, b, FP8_FORMATS[fa], FP8_FORMATS[fb], m, parts=parts)
             _assert_same(got, want, f"{model} {fa}x{fb} {kind} parts {parts} trial {trial}")
+
+
+def test_pass1_mma_reading_is_exact_under_any_alignment():
+    """CPT_PASS1_MMA's claim (cuda_src/cpemu_tiled_pass1.cuh, cpt_emax_mma): for up to 32 terms
+    2**(8 (e_a - 1)) * 2**(8 (e_b - 1)) of e4m3 exponents, the FP32 sum read as
+    ((biased exponent + 1) >> 3) - 14 is the largest e_a + e_b, whether the tensor core sums
+    exactly, truncates every term to 24 bits below the largest one, or rounds to nearest term by
+    term: all keep the largest term and stay below 2**5.1 times it."""
+    rng = np.random.default_rng(7)
+    e_vals = np.arange(-6, 9)  # e4m3 exponents (subnormals read as -6)
+
+    def reading(x):
+        u = int(np.float32(x).view(np.uint32))
+        return ((u >> 23) + 1 >> 3) - 14 if u else None
+
+    seen = 0
+    for n in (1, 2, 16, 31, 32):
+        for _ in range(300):
+            ea, eb = rng.choice(e_vals, n), rng.choice(e_vals, n)
+            if rng.random() < 0.3:  # many terms one binade below the largest, the worst case for the bound
+                ea[:] = ea[0]
+                eb[1:] = eb[0] - 1
+            terms = [2.0 ** (8 * (int(a) + int(b) - 2)) for a, b in zip(ea, eb)]
+            top = max(terms)
+            ulp = top * 2.0 ** -23
+            exact = sum(terms)
+            truncated = sum(np.floor(t / ulp) * ulp for t in terms)
+            rn = np.float32(0)
+            for t in terms:
+                rn = np.float32(rn + np.float32(t))
+            want = int((ea + eb).max())
+            for x in (exact, truncated, float(rn)):
+                assert top <= x < top * 2.0 ** 5.1 and reading(x) == want, (n, list(ea), list(eb), x)
+            seen += 1
+    assert seen == 1500 and reading(0.0) is None

@@ -46,9 +46,10 @@ def test_launch_constants_match_the_source(module):
 
 
 def test_kparts_builds_compile():
-    """The small-M design with a step's products over 2 or 4 threads (CPT_KPARTS, cuda-rzacc) builds
-    for every architecture with the pinned NVRTC (its bits are checked on a GPU:
-    CPEMU_TEST_RZACC_DEFINES); the default fatbins do not contain it (build_fatbin --check)."""
+    """The small-M design with a step's products over 2 or 4 threads (CPT_KPARTS, cuda-rzacc), and
+    gemm_rzacc_pre with pass 1 on tensor cores (CPT_PASS1_MMA), build for every architecture with
+    the pinned NVRTC (their bits are checked on a GPU: CPEMU_TEST_RZACC_DEFINES); the default
+    fatbins do not contain them (build_fatbin --check)."""
     import importlib.util
 
     pytest.importorskip("nvidia.cuda_nvrtc", reason="the pinned NVRTC (pip install -e '.[test]')")
@@ -57,7 +58,8 @@ def test_kparts_builds_compile():
     spec.loader.exec_module(bf)
     tc = bf.Toolchain()
     for module, defs in (("gemm_rzacc_small_m", "CPT_KPARTS 4\n#define CPT_MINBLOCKS 2"),
-                         ("gemm_rzacc_small_m", "CPT_KPARTS 2\n#define CPT_MINBLOCKS 3")):
+                         ("gemm_rzacc_small_m", "CPT_KPARTS 2\n#define CPT_MINBLOCKS 3"),
+                         ("gemm_rzacc_pre", "CPT_PASS1_MMA 1")):
         cu = SRC / f"{module}.cu"
         sources = bf.module_sources(SRC, cu)
         headers = {k: v for k, v in sources.items() if k != cu.name}

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "13001d4b17e4e95338648f449b5e1618aaf595bedb5e8b44678905a2eba5dc80"
+MANIFEST_SHA256 = "eaf7f9a304fcff79e2348b3a7793dcf17d6068da99b84345abb8982c086a5d4b"

@@ -195,7 +195,7 @@ def get_kernel(kernel_family: str, defines: tuple = (), module: str | None = Non
 
                 fn = get_function(module, name)
             if module in TILED_VARIANTS:  # its dynamic shared memory (the launch checks the limit)
-                fn.max_dynamic_shared_size_bytes = PREDECODE[1] if predecode else TILED_VARIANTS[module][5]
+                fn.max_dynamic_shared_size_bytes = PREDECODE[1] if predecode else tiled_smem(module, defines)
             _cache[key] = fn
     return fn
 
@@ -482,7 +482,8 @@ def launch(kernel_family: str, call: Call, ops: Operands, *, defines: tuple = ()
             _fail("tiled_module", f"{RZACC_PRE} cannot run this call: {why_not}", module)
         module = "gemm_rzacc" if why_not else RZACC_PRE
     fn = get_kernel(kernel_family, tuple(defines), module)
-    _, bm, bn, _, _, smem = TILED_VARIANTS[module]
+    _, bm, bn = TILED_VARIANTS[module][:3]
+    smem = tiled_smem(module, defines)
     grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, 1)
     if grid[1] > 65535:
         _fail("a_codes", f"M must be at most {65535 * bm} for the tiled kernel", M)
@@ -585,6 +586,13 @@ def simple_geometry(kernel: str, fn) -> tuple[int, int, int]:
     if threads not in (512, 1024):
         raise RuntimeError(f"the staged kernel declares {threads} threads per block (expected 512 or 1024)")
     return threads, 32, bn
+
+
+def tiled_smem(module: str, defines=()) -> int:
+    """Dynamic shared memory of a tiled geometry's GEMM kernel: TILED_VARIANTS', plus pass 1's
+    64 x 64 bytes in a ``CPT_PASS1_MMA=1`` measurement build of gemm_rzacc_pre."""
+    extra = 64 * 64 if module == RZACC_PRE and "CPT_PASS1_MMA=1" in tuple(map(str, defines)) else 0
+    return TILED_VARIANTS[module][5] + extra
 
 
 def tiled_threads(module: str, defines=()) -> int:
