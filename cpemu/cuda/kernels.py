@@ -487,10 +487,7 @@ def launch(kernel_family: str, call: Call, ops: Operands, *, defines: tuple = ()
     grid = ((N + bn - 1) // bn, (M + bm - 1) // bm, 1)
     if grid[1] > 65535:
         _fail("a_codes", f"M must be at most {65535 * bm} for the tiled kernel", M)
-    if module == RZACC_PRE:
-        args += [ws] + _images(call, a, bt, defines)
-    else:
-        args += [ws]
+    args += [ws] + (_images(call, a, bt, defines) if module == RZACC_PRE else [])
     fn(grid, (tiled_threads(module, defines), 1, 1), tuple(args), shared_mem=smem)
     return out
 
@@ -526,7 +523,7 @@ def _images(call, a, bt, defines) -> list:
     """The stage images of A and B (cpemu_rzacc_predecode, on the current stream) and the
     number of K chunks: the GEMM kernel's last three arguments."""
     cupy = _cupy()
-    name, smem, chunk, size = PREDECODE
+    smem, chunk = PREDECODE[1:3]
     fn = get_kernel("cuda-rzacc", tuple(defines), RZACC_PRE, kernel="predecode")
     nchunks = -(-call.K // chunk)
     bf_emax = np.int32(call.a_format.name == "e4m3" and call.b_format.name == "e4m3")
