@@ -78,9 +78,9 @@ CASES4 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases4.json")
 
 def test_every_configuration_of_the_table_is_verified_or_planned():
     """Every (tile, split count) of the shipped complete table is verified on H200 outputs, except
-    the 29 that first came with record runs 13 and 14 (tiles 312, 394, 449, 487, and 487 with 2 and
-    3 slices): those are exactly round 4's plan (tiles/cases4.json, not yet run on the H200), and
-    the table's answers with them are refused until it runs."""
+    the 29 that first came with record runs 13 and 14 (tiles 312, 394, 449 and 487): those are
+    exactly round 4's plan (tiles/cases4.json, not yet run on the H200), and the table's answers
+    with them are refused until it runs."""
     table, bad = st.unverified_configs()
     plan = json.load(open(CASES4))["cases"]
     pending = {(c["tile"], c["splits"], c["reduction"]) for c in plan}
