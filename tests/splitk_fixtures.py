@@ -28,3 +28,8 @@ def tail_cut(K, s):
     """The profile's tail rule, written out on its own: the H200 sums K - 16 where there are 17 or
     more slices, K = 16 mod 32 and K - 16 is a whole number of 128-wide K tiles per slice."""
     return s >= 17 and K % 32 == 16 and K > 16 and (K - 16) % (128 * s) == 0
+
+
+#: a split-region shape that the complete record reaches last (it asks M ascending, then N), so
+#: the shipped tables do not answer it: cpemu refuses it as unrecorded
+UNRECORDED = (2000, 48, 5184)

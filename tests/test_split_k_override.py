@@ -12,6 +12,7 @@ import pytest
 import cpemu
 from cpemu.cases import Case
 from cpemu.truth import _inputs_for_gemm, sha256_arrays
+from splitk_fixtures import UNRECORDED
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "h200")
 CASES = sorted((r for r in json.load(open(os.path.join(DATA, "manifest.json")))["cases"]
@@ -40,12 +41,13 @@ def test_another_stated_split_changes_the_bits():
 
 
 def test_stated_split_answers_an_unrecorded_shape():
-    a = np.zeros((10, 5184), np.float32).astype(cpemu.formats.FP8_FORMATS["e4m3"].np_dtype)
-    b = np.zeros((5184, 432), np.float32).astype(cpemu.formats.FP8_FORMATS["e4m3"].np_dtype)
+    M, N, K = UNRECORDED
+    a = np.zeros((M, K), np.float32).astype(cpemu.formats.FP8_FORMATS["e4m3"].np_dtype)
+    b = np.zeros((K, N), np.float32).astype(cpemu.formats.FP8_FORMATS["e4m3"].np_dtype)
     with pytest.raises(cpemu.UnsupportedShape) as e:
         cpemu.gemm(a, b, backend="reference")
     assert e.value.reason == "unrecorded"
-    assert cpemu.gemm(a, b, backend="reference", split_k=2).shape == (10, 432)
+    assert cpemu.gemm(a, b, backend="reference", split_k=2).shape == (M, N)
 
 
 @pytest.mark.parametrize("bad", [0, 42, 2.0, True, "2"])

@@ -9,6 +9,7 @@ import numpy as np
 import cpemu
 from cpemu.splitk import split_bound
 from cpemu.splitk_complete import lookup
+from splitk_fixtures import UNRECORDED
 
 HERE = os.path.dirname(__file__)
 _spec = importlib.util.spec_from_file_location("cpemu_tools_splitk_heldout", os.path.join(HERE, "..", "tools", "splitk_heldout.py"))
@@ -46,7 +47,7 @@ def test_judge():
     assert s >= 2 and hd.judge(PROFILE, M, N, K, c, _answer(s)) == ("agree", None)
     assert hd.judge(PROFILE, M, N, K, c, _answer(s + 1))[0] == "disagree"
     # an unrecorded split pair is refused, named
-    assert hd.judge(PROFILE, 10, 432, 5184, c, _answer(2)) == ("refused", "unrecorded")
+    assert hd.judge(PROFILE, *UNRECORDED, c, _answer(2)) == ("refused", "unrecorded")
     # where the tail rule cuts K, 22 slices of K - 16 (the ceil slicing of all of K would give 21)
     c2 = dict(c, a_dtype="e5m2", out_dtype="float32")
     assert lookup(PARAMS["complete_file"], None, 1, 1040, 56336, "e5m2,e4m3,float32,fast")["splitk_num"] == 22
