@@ -269,7 +269,10 @@ def fake_gpu(tmp_path, monkeypatch):
     from cpemu.cuda import kernels
 
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
-    monkeypatch.setattr(backends, "_available", {"cuda-tiled": (True, "fake"), "cuda-simple": (True, "fake")})
+    # cuBLASLt is not part of the stand-in (else its availability would depend on whether the
+    # environment carries libcublasLt, as a CUDA build of torch does)
+    monkeypatch.setattr(backends, "_available", {"cuda-tiled": (True, "fake"), "cuda-simple": (True, "fake"),
+                                                 "cublaslt-tc": (False, "not part of the stand-in GPU")})
     monkeypatch.setattr(backends, "_validated", {})
     monkeypatch.setattr(kernels, "gemm_cuda", _fake_gemm_cuda())
     monkeypatch.setattr(kernels, "launch", _fake_launch())

@@ -101,9 +101,11 @@ TILED_VARIANTS = {
     "gemm_rzacc_small_m": ("cpemu_gemm_rzacc_small_m", 16, 32, 2, 4, 17280),
     RZACC_PRE: ("cpemu_gemm_rzacc_pre", 64, 64, 8, 4, 67584),
 }
+#: rows of one stage image of gemm_rzacc_pre (the predecode kernel's block of rows, the GEMM's 64 x 64 tile)
+IMAGE_ROWS = 64
 #: gemm_rzacc_pre's predecode kernel: (name, shared memory bytes, K elements per chunk, bytes of
-#: one image of 64 rows: 260 per row)
-PREDECODE = ("cpemu_rzacc_predecode", 38400, 32, 260 * 64)
+#: one image: 260 per row)
+PREDECODE = ("cpemu_rzacc_predecode", 38400, 32, 260 * IMAGE_ROWS)
 #: gemm_rzacc_pre runs where both operands' images take at most this many bytes, and at most a
 #: quarter of the GPU's free memory (else gemm_rzacc, the same bits)
 PREDECODE_MAX_BYTES = 4 << 30
@@ -510,8 +512,8 @@ def predecode_limit(call, device: int) -> str | None:
 
 
 def _image_bytes(rows: int, K: int) -> int:
-    """Bytes of one operand's stage images: 260 per row (rounded up to 64 rows) and 32 K elements."""
-    return -(-rows // 64) * -(-K // PREDECODE[2]) * PREDECODE[3]
+    """Bytes of one operand's stage images: 260 per row (rounded up to IMAGE_ROWS rows) and 32 K elements."""
+    return -(-rows // IMAGE_ROWS) * -(-K // PREDECODE[2]) * PREDECODE[3]
 
 
 @functools.lru_cache(maxsize=None)
@@ -530,7 +532,7 @@ def _images(call, a, bt, defines) -> list:
     out = []
     for x, rows, fmt in ((a, call.M, call.a_format), (bt, call.N, call.b_format)):
         img = cupy.empty(_image_bytes(rows, call.K), dtype=cupy.uint8)
-        fn((nchunks, -(-rows // 64), 1), (tiled_threads(RZACC_PRE, defines), 1, 1),
+        fn((nchunks, -(-rows // IMAGE_ROWS), 1), (tiled_threads(RZACC_PRE, defines), 1, 1),
            (x, np.int32(rows), np.int32(call.K), np.int32(fmt.name == "e5m2"), bf_emax, img), shared_mem=smem)
         out.append(img)
     return out + [np.int32(nchunks)]
