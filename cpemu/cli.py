@@ -358,7 +358,7 @@ def gemm(a_path, b_path, a_format, b_format, b_transposed, demo, m_rows, seed, r
 @click.option("--show", type=int, default=10, show_default=True, help="How many mismatches/errors to list.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Processes (the reference backend is single-threaded).")
+              help="Processes (each call's host backend also uses CPEMU_THREADS threads).")
 def verify(truth_dir, profile_spec, backend, show, as_json, jobs):
     """Recompute a GPU truth recording (TRUTH_DIR/manifest.json) and compare bits.
 

@@ -29,7 +29,9 @@ and the output, whatever K is (:func:`working_set_bytes`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,7 +39,7 @@ from .formats import FP8Format
 from .instruction import InstructionModel
 
 __all__ = ["Operand", "Codes", "decode", "tfdpa", "chain", "accumulate", "epilogue", "gemm_codes", "BLOCK_ELEMS",
-           "K_CHUNK_BYTES", "working_set_bytes"]
+           "K_CHUNK_BYTES", "working_set_bytes", "Arithmetic", "SPEC"]
 
 #: Upper bound on block_M * block_N * L elements held by one step's temporaries
 #: (each temporary is int32 or int64: 2**17 elements -> 0.5-1 MiB, cache-sized).
@@ -203,8 +205,9 @@ def k_range(rows: int, L: int) -> int:
 
 
 def chain(a: Operand | Codes, b: Operand | Codes, k0: int, k1: int, model: InstructionModel,
-          c: np.ndarray | None = None, tick=None) -> np.ndarray:
+          c: np.ndarray | None = None, tick=None, step=tfdpa) -> np.ndarray:
     """Steps over K elements [k0, k1) in ascending order, L at a time, from ``c`` (default 0).
+    ``step``: the step function (:func:`tfdpa`, or another with its arguments and its bits).
 
     The operands are read a K range at a time (:func:`k_range`), each range a whole number
     of steps from ``k0``: the accumulator carries over between ranges as between steps, so
@@ -219,13 +222,14 @@ def chain(a: Operand | Codes, b: Operand | Codes, k0: int, k1: int, model: Instr
         ar, br = a.cols(r0, r1), b.cols(r0, r1)
         for k in range(0, r1 - r0, L):
             ke = min(k + L, r1 - r0)
-            c = tfdpa(c, ar.cols(k, ke), br.cols(k, ke), model)
+            c = step(c, ar.cols(k, ke), br.cols(k, ke), model)
         if tick is not None:
             tick(a.n * b.n * (r1 - r0))
     return c
 
 
-def accumulate(a: Operand | Codes, b: Operand | Codes, plan, model: InstructionModel, tick=None) -> np.ndarray:
+def accumulate(a: Operand | Codes, b: Operand | Codes, plan, model: InstructionModel, tick=None,
+               step=tfdpa) -> np.ndarray:
     """The FP32 accumulator of the GEMM as ``plan`` (a :class:`cpemu.schedule.Plan`) schedules it.
 
     Each slice [k0, k1) is accumulated from zero: with ``plan.promotion`` None as one
@@ -237,12 +241,12 @@ def accumulate(a: Operand | Codes, b: Operand | Codes, plan, model: InstructionM
     partial = None
     for k0, k1 in plan.slices:
         if plan.promotion is None:
-            p = chain(a, b, k0, k1, model, tick=tick)
+            p = chain(a, b, k0, k1, model, tick=tick, step=step)
         else:
-            step = plan.promotion * model.L
+            span = plan.promotion * model.L
             p = None
-            for s in range(k0, k1, step):
-                part = chain(a, b, s, min(s + step, k1), model, tick=tick)
+            for s in range(k0, k1, span):
+                part = chain(a, b, s, min(s + span, k1), model, tick=tick, step=step)
                 with np.errstate(invalid="ignore", over="ignore"):  # inf - inf -> NaN, as on the GPU
                     p = part if p is None else (p + part)  # float32 + float32: IEEE RN
         with np.errstate(invalid="ignore", over="ignore"):
@@ -250,10 +254,10 @@ def accumulate(a: Operand | Codes, b: Operand | Codes, plan, model: InstructionM
     return partial
 
 
-def blocks(M: int, N: int, L: int):
-    """(row slice, column slice) output blocks of at most BLOCK_ELEMS // L outputs."""
-    rows = min(M, max(1, BLOCK_ELEMS // (BLOCK_COLS * L)))
-    cols = min(N, max(1, BLOCK_ELEMS // (rows * L)))
+def blocks(M: int, N: int, L: int, block_elems: int = BLOCK_ELEMS):
+    """(row slice, column slice) output blocks of at most ``block_elems // L`` outputs."""
+    rows = min(M, max(1, block_elems // (BLOCK_COLS * L)))
+    cols = min(N, max(1, block_elems // (rows * L)))
     for i in range(0, M, rows):
         for j in range(0, N, cols):
             yield slice(i, min(i + rows, M)), slice(j, min(j + cols, N))
@@ -301,21 +305,36 @@ def threads_default() -> int:
     return max(1, min(n, 32))
 
 
-def working_set_bytes(M: int, N: int, L: int, threads: int) -> int:
+@dataclass(frozen=True)
+class Arithmetic:
+    """How :func:`gemm_codes` computes its steps: ``step`` (:func:`tfdpa`'s arguments and bits),
+    the (output, product) pairs of one block (:func:`blocks`), and an upper bound on the bytes
+    of the step's temporaries per pair (:func:`working_set_bytes`)."""
+
+    step: Callable
+    block_elems: int
+    temp_bytes_per_elem: int
+
+
+#: the specification's arithmetic: P, E, T (int32), S (int64), signs and the specials' masks
+SPEC = Arithmetic(tfdpa, BLOCK_ELEMS, 48)
+
+
+def working_set_bytes(M: int, N: int, L: int, threads: int, arith: Arithmetic = SPEC) -> int:
     """An upper bound on the bytes :func:`gemm_codes` holds beyond its codes and its output:
-    per worker thread, one block's step temporaries (a few int32/int64 arrays of at most
-    ``BLOCK_ELEMS`` elements), its decoded K range and its accumulator. It does not grow
+    per worker thread, one block's step temporaries (a few arrays of at most
+    ``arith.block_elems`` elements), its decoded K range and its accumulator. It does not grow
     with K, and with M and N only up to the block size."""
-    rows, cols = next(blocks(M, N, L), (slice(0, 0), slice(0, 0)))
+    rows, cols = next(blocks(M, N, L, arith.block_elems), (slice(0, 0), slice(0, 0)))
     nr, nc = rows.stop - rows.start, cols.stop - cols.start
-    step = 48 * BLOCK_ELEMS  # P, E, T (int32), S (int64), signs and the specials' masks
+    step = arith.temp_bytes_per_elem * arith.block_elems
     decoded = DECODED_BYTES * (nr + nc) * k_range(nr + nc, L)
     return threads * (step + decoded + 16 * nr * nc)
 
 
 def gemm_codes(a_codes, bt_codes, a_fmt, b_fmt, plan, model: InstructionModel, ep: dict, scale_a, scale_b, bias,
                out_dtype: str, nan_bits: int | None = None, threads: int | None = None,
-               progress=None) -> np.ndarray:
+               progress=None, arith: Arithmetic = SPEC) -> np.ndarray:
     """The whole GEMM on FP8 codes: ``a_codes`` (M, K) and ``bt_codes`` (N, K) uint8, block by
     block (:func:`blocks`): accumulate as ``plan`` schedules, then the epilogue ``ep``, then the
     output conversion. ``scale_a``: () or (M, 1); ``scale_b``: () or (1, N); ``bias``: None or
@@ -327,25 +346,29 @@ def gemm_codes(a_codes, bt_codes, a_fmt, b_fmt, plan, model: InstructionModel, e
     (:class:`Codes`), so memory beyond the codes and the output stays within
     :func:`working_set_bytes`. An output larger than the memory available is refused before
     it is allocated (:func:`cpemu.memory.check_output`). ``progress``: None or an object with
-    ``add(products)`` (:class:`cpemu.progress.Progress`), told of each K range computed."""
+    ``add(products)`` (:class:`cpemu.progress.Progress`), told of each K range computed.
+    ``arith``: how the steps are computed (:data:`SPEC`; a backend may pass another
+    :class:`Arithmetic` whose step has the same bits)."""
     from .formats import OUT_DTYPES, encode_output
     from .memory import check_output
 
     M, N = a_codes.shape[0], bt_codes.shape[0]
     n = max(1, threads_default() if threads is None else int(threads))
-    check_output(M, N, out_dtype, working_set_bytes(M, N, model.L, n))
+    check_output(M, N, out_dtype, working_set_bytes(M, N, model.L, n, arith))
     a_ops, b_ops = Codes(a_codes, a_fmt), Codes(bt_codes, b_fmt)
     out = np.empty((M, N), dtype=OUT_DTYPES[out_dtype])
     tick = None if progress is None else progress.add
 
     def block(rc):
         rb, cb = rc
-        acc = accumulate(a_ops.rows(rb), b_ops.rows(cb), plan, model, tick)
+        acc = accumulate(a_ops.rows(rb), b_ops.rows(cb), plan, model, tick, arith.step)
         y = epilogue(acc, scale_a if np.ndim(scale_a) == 0 else scale_a[rb],
                      scale_b if np.ndim(scale_b) == 0 else scale_b[:, cb], None if bias is None else bias[cb], ep)
         out[rb, cb] = encode_output(y, out_dtype, nan_bits)
 
-    todo = blocks(M, N, model.L)
+    # blocks of arith.block_elems, smaller where that leaves fewer than 4 per worker (never below BLOCK_ELEMS)
+    be = max(BLOCK_ELEMS, min(arith.block_elems, M * N * model.L // (4 * n)))
+    todo = blocks(M, N, model.L, be)
     if n <= 1 or M * N <= 1:
         for rc in todo:
             block(rc)

@@ -394,7 +394,7 @@ def test_cli_info_json(runner):
         assert {"L", "F", "rounding", "e_zero"} <= set(p["instruction"])
         assert set(p["modes"]) <= {"tensorwise", "rowwise"}
     names = [b["name"] for b in d["backends"]]
-    assert names == ["cublaslt-tc", "cuda-rzacc", "cuda-tiled", "cuda-simple", "reference"]
+    assert names == ["cublaslt-tc", "cuda-rzacc", "cuda-tiled", "cuda-simple", "cpu-fp32", "reference"]
     assert next(b for b in d["backends"] if b["name"] == "reference")["available"] is True
     assert d["devices"]["cpu"]["cpu_count"] >= 1
 

@@ -153,9 +153,8 @@ def test_gemm_through_twin(monkeypatch, model, fast):
         calls.append(1)
         return tw.step(c, ao.codes, bo.codes, fa, fb, model_)
 
-    monkeypatch.setattr(ref, "tfdpa", twin_tfdpa)
     monkeypatch.setattr(ref, "Operand", _WithCodes)  # what reference.Codes decodes a K range into
-    got = ref.gemm_codes(*args, threads=1)
+    got = ref.gemm_codes(*args, threads=1, arith=ref.Arithmetic(twin_tfdpa, ref.BLOCK_ELEMS, 48))
     assert len(calls) >= K // m.L, "the twin computed the steps"
     _assert_same(got, want, f"gemm {model} fast={fast}")
 

@@ -56,7 +56,7 @@ def test_other_models_declined():
 
 
 def test_ladder_order():
-    assert backends.LADDER == ("cublaslt-tc", "cuda-rzacc", "cuda-tiled", "cuda-simple", "reference")
+    assert backends.LADDER == ("cublaslt-tc", "cuda-rzacc", "cuda-tiled", "cuda-simple", "cpu-fp32", "reference")
 
 
 def test_forced_backend_without_it_names_the_reason():

@@ -1,4 +1,4 @@
-"""The reference reproduces every committed GPU recording bit for bit.
+"""The reference, and the CPU backend cpu-fp32, reproduce every committed GPU recording bit for bit.
 
 Truth: tests/data/h200 (torch._scaled_mm on an NVIDIA H200; provenance in its manifest).
 Inputs are regenerated from the recorded seeds and checked against the recorded input
@@ -30,10 +30,11 @@ def _bits(folder, rec):
 CASES = [(k, rec) for k, man in _MANIFESTS.items() for rec in man["cases"]]
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu-fp32"])
 @pytest.mark.parametrize("folder,rec", CASES, ids=[f"{k}:{r['id']}" for k, r in CASES])
-def test_recording(folder, rec):
+def test_recording(folder, rec, backend):
     man = _MANIFESTS[folder]
-    r = check_case(rec, _bits(folder, rec), man["profile"])
+    r = check_case(rec, _bits(folder, rec), man["profile"], backend=backend)
     expected = "rejected-both" if "error" in rec else "match"
     assert r.status == expected, f"{rec['id']} [{', '.join(features_of(rec))}]: {r.status}: {r.detail}"
 

@@ -44,10 +44,10 @@ where that overhead could matter) the user's path ``cpemu.gemm(a_dev, bt_dev.T,
 a_format="e4m3", b_format="e4m3", ..., backend=name)`` on the same cupy arrays is timed the
 same way as well and recorded under ``api`` (its output must equal the direct one). A backend
 of ``cpemu.backends.LADDER`` without a direct launcher is timed through cpemu.gemm only.
-``reference`` runs on the CPU through ``cpemu.gemm(..., backend="reference")`` on numpy
-arrays, timed with ``time.perf_counter`` (first call, then windows as above), and only where
-M*N*K <= ``--reference-max-macs`` (default 2e9); ``--kernels reference --no-native`` never
-imports cupy.
+The host backends (``reference``, ``cpu-fp32``) run on the CPU through ``cpemu.gemm(...,
+backend=name)`` on numpy arrays, timed with ``time.perf_counter`` (first call, then windows as
+above), and only where M*N*K <= ``--reference-max-macs`` (default 2e9); ``--kernels
+reference,cpu-fp32 --no-native`` never imports cupy.
 
 Caps. A kernel whose first call takes longer than ``--max-call-s`` (default 2 s) is not timed
 in windows: the first call's event time is its result (``timing: "single-call"``), and its
@@ -103,7 +103,7 @@ DEFAULT_MS = "16,64,256,1024,2048,8192"
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--kernels", default=None,
               help="Comma list of backends (cpemu.backends.LADDER names: cuda-tiled, cuda-simple, reference, ...). "
-                   "Default: every available CUDA backend of the ladder (not reference).")
+                   "Default: every available CUDA backend of the ladder (not the host backends).")
 @click.option("--profile", default="hopper-h200-torch", show_default=True, help="cpemu profile name or JSON file")
 @click.option("--shape", "shapes", multiple=True,
               help="Repeatable: evo2-1b (5760x1920), evo2-7b (12288x4096), evo2-40b (24576x8192) or NxK. "
@@ -127,7 +127,7 @@ DEFAULT_MS = "16,64,256,1024,2048,8192"
 @click.option("--max-check-call-s", default=30.0, show_default=True, type=float,
               help="a kernel predicted to take longer per call is not launched at all")
 @click.option("--reference-max-macs", default=2e9, show_default=True, type=float,
-              help="the reference backend is skipped above this M*N*K")
+              help="the host backends (reference, cpu-fp32) are skipped above this M*N*K")
 @click.option("--api-max-ms", default=10.0, show_default=True, type=float,
               help="also time the cpemu.gemm path where a direct call takes less than this (0: never)")
 @click.pass_context

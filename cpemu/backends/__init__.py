@@ -11,6 +11,8 @@ this package, registered in ladder order, fastest first:
 * ``cuda-rzacc``, ``cuda-tiled`` and ``cuda-simple`` (:mod:`cpemu.backends.cuda_kernels`):
   the exact CUDA kernels (integer arithmetic and IEEE-exact FP32 operations only;
   ``cuda-rzacc`` for the Ada and Hopper models);
+* ``cpu-fp32`` (:mod:`cpemu.backends.cpu_fp32`): numpy, the specification's schedule with each
+  step summed as exact floating-point integers (faster than the integer arithmetic);
 * ``reference`` (:mod:`cpemu.backends.reference`): numpy, the specification.
 
 All compute identical bits. ``backend="auto"`` (:func:`select`) takes the first backend that
@@ -38,6 +40,7 @@ _MODULES = {
     "cuda-rzacc": "cpemu.backends.cuda_kernels",
     "cuda-tiled": "cpemu.backends.cuda_kernels",
     "cuda-simple": "cpemu.backends.cuda_kernels",
+    "cpu-fp32": "cpemu.backends.cpu_fp32",
     "reference": "cpemu.backends.reference",
 }
 LADDER = tuple(_MODULES)
@@ -136,7 +139,7 @@ def validate(name: str, profile) -> tuple[bool, str]:
     see :mod:`cpemu.backends.validation`."""
     if name == "reference":
         return True, "the specification"
-    key = (_device_id(), name, profile.name)
+    key = (_device_id() if get(name).on_device else "host", name, profile.name)
     with _lock:
         if key in _validated:
             return _validated[key]

@@ -20,7 +20,8 @@ current stream: where the backend ladder picks the tensor-core path (``cublaslt-
 Hopper GPU), the call goes straight from the tensors' pointers to ``cublasLtMatmul``
 (:func:`cpemu.torch.routes._tensor_core_call`); otherwise the FP8 codes are shared with
 cupy without a copy and computed by :func:`cpemu.gemm`'s CUDA backends. CUDA tensors need
-cupy; without it they are copied to the host and computed by the numpy reference.
+cupy; without it they are copied to the host and computed by a host backend (``cpu-fp32``,
+the reference's bits).
 
 * :class:`dispatch` -- cpemu's kernels for ``aten::_scaled_mm`` (and ``_scaled_mm_v2``)
   in torch's dispatcher for a block: ``torch.ops.aten._scaled_mm``, ``torch.compile``'d

@@ -15,3 +15,11 @@ The tools put this folder's parent (``tools/``) and the repository root on ``sys
 
 #: The operand format of every benchmark (a and b).
 FMT = "e4m3"
+
+
+def host_backend(name: str) -> bool:
+    """Whether ``name`` is a backend of the ladder that runs on the CPU (numpy operands: the
+    reference, cpu-fp32) rather than on the CUDA device."""
+    from cpemu import backends
+
+    return name in backends.LADDER and not backends.get(name).on_device

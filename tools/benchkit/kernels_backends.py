@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import cpemu
-from benchkit import FMT
+from benchkit import FMT, host_backend
 from benchkit.exactness import bits
 from benchkit.gpu import torch_dtype
 from benchkit.kernels_session import Bench
@@ -18,7 +18,7 @@ from cpemu.formats import FP8_FORMATS
 
 def may_run(bench: Bench, name: str, macs: int) -> bool:
     """False when run_kernel would skip ``name`` without running it (the caps, unavailability)."""
-    if name == "reference":
+    if host_backend(name):
         return macs <= bench.s.reference_max_macs
     if name not in bench.runnable_cuda:
         return False
@@ -30,11 +30,11 @@ def run_kernel(bench: Bench, pt, name: str, base: dict, ops, dev: dict):
     """Time backend ``name`` on the configuration ``pt`` (host operands ``ops`` = (a, bt, sa, sb),
     device copies ``dev``), or skip it (the caps, a backend that cannot run here)."""
     s, macs, tag = bench.s, pt.macs, pt.tag
-    if name == "reference":
+    if host_backend(name):
         if macs > s.reference_max_macs:
-            return bench.skip(base, f"reference {tag}", f"M*N*K = {macs:.3g} > --reference-max-macs "
-                                                         f"{s.reference_max_macs:.3g}"), None
-        return _run_reference(bench, base, ops, macs)
+            return bench.skip(base, f"{name} {tag}", f"M*N*K = {macs:.3g} > --reference-max-macs "
+                                                       f"{s.reference_max_macs:.3g}"), None
+        return _run_host(bench, name, base, ops, macs)
     if name not in bench.runnable_cuda:
         why = bench.rec["kernels_unavailable"].get(name, "not available")
         return bench.skip(base, f"{name} {tag}", f"backend cannot run here: {why}"), None
@@ -46,7 +46,7 @@ def run_kernel(bench: Bench, pt, name: str, base: dict, ops, dev: dict):
     return _run_cuda(bench, pt, name, base, ops, dev)
 
 
-def _run_reference(bench: Bench, base: dict, ops, macs: int):
+def _run_host(bench: Bench, name: str, base: dict, ops, macs: int):
     s = bench.s
     a, bt, sa, sb = ops
     fmt = FP8_FORMATS[FMT]
@@ -54,10 +54,10 @@ def _run_reference(bench: Bench, base: dict, ops, macs: int):
 
     def launch():
         return cpemu.gemm(A, B, profile=bench.prof, scale_a=sa.reshape(()), scale_b=sb.reshape(()),
-                          out_dtype=s.out_dtype, fast_accum=s.fast_accum, backend="reference")
+                          out_dtype=s.out_dtype, fast_accum=s.fast_accum, backend=name)
 
     out, r = time_host(launch, window_s=s.window_s, windows=s.windows, max_call_s=s.max_call_s)
-    r = dict(base, status="ok", call="cpemu.gemm (numpy, backend='reference')", **r)
+    r = dict(base, status="ok", call=f"cpemu.gemm (numpy, backend='{name}')", **r)
     span = r.pop("span", None)
     bench.figures(r, macs, span)
     r["mac_per_clock_per_sm"] = None  # a CPU backend: no SM

@@ -31,7 +31,8 @@ TIMING_METHOD = {
                  "scale_b=..., out_dtype=..., fast_accum=..., backend=name) on the same cupy arrays",
     "native": "torch._scaled_mm on the same stream (torch.cuda.ExternalStream of the cupy stream), the same events "
               "and windows",
-    "reference": "cpemu.gemm(numpy operands, backend='reference'), time.perf_counter, first call then windows",
+    "reference": "a host backend (reference, cpu-fp32): cpemu.gemm(numpy operands, backend=name), time.perf_counter, "
+                 "first call then windows",
     "tmacs": "M*N*K / (ms/1e3) / 1e12",
     "mac_per_clock_per_sm": "M*N*K / seconds / (median SM clock during the windows, Hz) / SM count"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from benchkit import clocks, gpu
+from benchkit import clocks, gpu, host_backend
 from benchkit.kernels_session import Bench
 from benchkit.options import default_kernels
 
@@ -27,12 +27,12 @@ def choose_kernels(ctx, bench: Bench, kernel_list: list[str] | None) -> None:
             ctx.exit(2)
     record["kernels"] = bench.kernels = kernel_list
     unavailable = {}
-    for n in (n for n in kernel_list if n != "reference"):
+    for n in (n for n in kernel_list if not host_backend(n)):
         ok, why = available(n)
         if not ok:
             unavailable[n] = why
             bench.fail(f"{n}: requested but cannot run here: {why}")
-    bench.runnable_cuda = [n for n in kernel_list if n != "reference" and n not in unavailable]
+    bench.runnable_cuda = [n for n in kernel_list if not host_backend(n) and n not in unavailable]
     record["kernels_unavailable"] = unavailable
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from benchkit import host_backend
+
 
 def _exact(rec: dict) -> dict:
     """Per (shape, data, M): "NO" on any mismatch; "yes" when every output was also compared in
@@ -45,7 +47,7 @@ def _rows(rec: dict, keys: list, kernels: list[str], has_native: bool) -> list[l
         if has_native:
             row.append(_cell(nat.get(k)))
             for n in kernels:
-                if n == "reference":
+                if host_backend(n):
                     continue
                 v = (res.get((n,) + k) or {}).get("vs_native")
                 row.append(f"{v:.3g}" if v else "-")
@@ -64,7 +66,7 @@ def print_table(rec: dict) -> None:
         return
     has_native = bool(rec["native"])
     head = ["shape", "data", "M"] + [f"{k} TMAC/s" for k in kernels] + (["native TMAC/s"] if has_native else []) \
-        + ([f"{k}/native" for k in kernels if k != "reference"] if has_native else []) + ["exact"]
+        + ([f"{k}/native" for k in kernels if not host_backend(k)] if has_native else []) + ["exact"]
     rows = _rows(rec, keys, kernels, has_native)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     click.echo("  ".join(h.ljust(w) for h, w in zip(head, widths)))

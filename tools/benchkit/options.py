@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from benchkit import host_backend
 from cpemu.backends import LADDER
 from cpemu.cases import DATA_KINDS, EVO2_SHAPES
 
@@ -70,12 +71,12 @@ def parse_kernels(text: str | None) -> list[str] | None:
 
 def default_kernels() -> tuple[list[str], dict]:
     """What ``--kernels`` means when not given: every available CUDA backend of the ladder
-    (not reference), and why each other one is not available."""
+    (not the host backends), and why each other one is not available."""
     from cpemu.backends import available
 
     kernel_list, why_not = [], {}
     for name in LADDER:
-        if name == "reference":
+        if host_backend(name):
             continue
         ok, why = available(name)
         (kernel_list.append(name) if ok else why_not.__setitem__(name, why))
