@@ -17,7 +17,7 @@ and per backend one status:
 * ``both-refused``: native refused and cpemu refused too (for the drop-in, ``same_error``
   says whether type and message equal torch's);
 * ``answered-refused``: native refused but cpemu answered (a failure);
-* ``skipped``: the reference backend on a call above ``--reference-max-mac``.
+* ``skipped``: a host backend (``reference``, ``cpu-fp32``) on a call above ``--reference-max-mac``.
 
 Totals count statuses per backend and per region: ``model-like`` or ``random`` shapes,
 ``split`` or ``unsplit`` (see :func:`split_region`), ``outside-profile`` (a feature the
@@ -50,6 +50,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cpemu  # noqa: E402
+from cpemu.backends import on_host  # noqa: E402
 from parity_calls import (  # noqa: E402,F401  (the calls; the tests reach them here too)
     FP8, LARGE_OPTIONS, LARGE_SHAPES, MODEL_NK, TOKEN_RANGES, Operands, _codes, _domain, _gauss_table,
     designed_calls, draw_calls, in_domain, split_region,
@@ -206,7 +207,7 @@ def run_call(sig: dict, native, runners: dict, reference_max_mac: int, device: s
     nat["seconds"] = time.perf_counter() - t0
     entry = {"signature": sig, "native": nat, "backends": {}}
     for name, run in runners.items():
-        if name == "reference" and sig["M"] * sig["N"] * sig["K"] > reference_max_mac:
+        if on_host(name) and sig["M"] * sig["N"] * sig["K"] > reference_max_mac:
             entry["backends"][name] = {"status": "skipped",
                                        "reason": f"M*N*K above --reference-max-mac {reference_max_mac}"}
             continue
@@ -315,7 +316,7 @@ def _backends(spec: str, profile) -> tuple[dict, list]:
 @click.option("--max-bytes", default=2 ** 30, show_default=True,
               help="Largest (M + N) * K + 4 * M * N drawn (the operands and an FP32 output).")
 @click.option("--reference-max-mac", default=2 ** 29, show_default=True,
-              help="Largest M*N*K run on the reference backend (the CPU).")
+              help="Largest M*N*K run on a host backend (reference, cpu-fp32: the CPU).")
 @click.option("--device", default="cuda", show_default=True,
               help="torch device of the native calls and the drop-in ('cpu' runs torch's CPU kernel: a dry run).")
 @click.option("--only", default=None,

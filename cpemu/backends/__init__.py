@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 
 __all__ = ["Backend", "ProbedBackend", "LADDER", "TENSOR_CORE", "EXACT_KERNELS", "BackendUnavailable", "CallUnsupported", "get",
-           "available", "validate", "select", "check", "status", "run"]
+           "available", "validate", "select", "check", "status", "run", "on_host"]
 
 #: The ladder, fastest first: backend name -> the module that defines it (as ``BACKEND``).
 _MODULES = {
@@ -106,6 +106,11 @@ def get(name: str) -> Backend:
             raise BackendUnavailable(f"backend: must be 'auto' or one of {LADDER} (got {name!r})")
         b = _backends[name] = importlib.import_module(_MODULES[name]).BACKENDS[name]
     return b
+
+
+def on_host(name: str) -> bool:
+    """Whether ``name`` is a backend of the ladder that computes on the CPU (numpy operands)."""
+    return name in _MODULES and not get(name).on_device
 
 
 def available(name: str) -> tuple[bool, str]:

@@ -20,6 +20,6 @@ FMT = "e4m3"
 def host_backend(name: str) -> bool:
     """Whether ``name`` is a backend of the ladder that runs on the CPU (numpy operands: the
     reference, cpu-fp32) rather than on the CUDA device."""
-    from cpemu import backends
+    from cpemu.backends import on_host
 
-    return name in backends.LADDER and not backends.get(name).on_device
+    return on_host(name)
