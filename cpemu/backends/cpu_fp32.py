@@ -31,8 +31,8 @@ from .. import reference as ref
 
 __all__ = ["BACKENDS", "tfdpa", "sum_dtype", "ARITHMETIC"]
 
-#: the largest scale exponent applied to a product: a step whose e_max is below
-#: 120 - F has no nonzero product (their E is at least -32), so its products stay 0
+#: the largest scale exponent applied to a product (float32's range): a nonzero product has
+#: E >= -32, so F - e_max <= F + 32 wherever one is; above that the products are all 0 and stay 0
 _SCALE_EXP_MAX = 120
 
 
