@@ -123,23 +123,28 @@ def test_working_set_is_bounded_for_any_shape():
             assert ref.working_set_bytes(M, N, L, threads=32) < 2 ** 30, (M, N, L)
 
 
+def _peak_and_bound(monkeypatch, backend, a, b, profile, L):
+    """One-thread call of ``backend``: (the heap peak, its working-set bound plus the output)."""
+    from cpemu.backends import get
+
+    monkeypatch.setenv("CPEMU_THREADS", "1")
+    tracemalloc.start()
+    y = cpemu.gemm(a, b, profile=profile, out_dtype="float32", backend=backend)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak, ref.working_set_bytes(a.shape[0], b.shape[1], L, 1, get(backend).arith) + y.nbytes
+
+
 @pytest.mark.parametrize("backend", ["reference", "cpu-fp32"])
 def test_large_k_call_peak_heap(monkeypatch, backend):
     """M = N = 16, K = 65536 on the Ada profile, on each host backend: the heap peak stays within
     its working-set bound plus the output (the whole-operand decode alone needed 9 * 32 * K = 18 MiB)."""
-    from cpemu.backends import cpu_fp32
-
-    arith = {"reference": ref.SPEC, "cpu-fp32": cpu_fp32.ARITHMETIC}[backend]
     M, N, K = 16, 16, 65536
     rng = np.random.default_rng(0)
     a = rng.integers(0, 0x7E, (M, K), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
     b = rng.integers(0, 0x7E, (N, K), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).T
-    monkeypatch.setenv("CPEMU_THREADS", "1")
-    tracemalloc.start()
-    y = cpemu.gemm(a, b, profile="ada-rtx4060-torch", out_dtype="float32", backend=backend)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    bound = ref.working_set_bytes(M, N, ADA_SM89.L, 1, arith) + y.nbytes + (1 << 20)
+    peak, bound = _peak_and_bound(monkeypatch, backend, a, b, "ada-rtx4060-torch", ADA_SM89.L)
+    bound += 1 << 20
     assert peak <= bound, f"peak {peak / 2**20:.1f} MiB > {bound / 2**20:.1f} MiB"
     assert peak < ref.DECODED_BYTES * (M + N) * K
 
@@ -148,20 +153,13 @@ def test_large_k_call_peak_heap(monkeypatch, backend):
 def test_full_block_peak_heap(monkeypatch, backend):
     """A GEMM of whole blocks with every code (NaN and Inf too) on Blackwell's model (cpu-fp32 sums in
     float64 there): the heap peak stays within the backend's working-set bound plus the output."""
-    from cpemu.backends import cpu_fp32
     from cpemu.instruction import BLACKWELL_SM120
 
-    arith = {"reference": ref.SPEC, "cpu-fp32": cpu_fp32.ARITHMETIC}[backend]
     M, N, K = 256, 512, 256
     rng = np.random.default_rng(1)
     a = rng.integers(0, 256, (M, K), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
     b = rng.integers(0, 256, (N, K), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).T
-    monkeypatch.setenv("CPEMU_THREADS", "1")
-    tracemalloc.start()
-    y = cpemu.gemm(a, b, profile="blackwell-rtx5070ti-torch", out_dtype="float32", backend=backend)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    bound = ref.working_set_bytes(M, N, BLACKWELL_SM120.L, 1, arith) + y.nbytes
+    peak, bound = _peak_and_bound(monkeypatch, backend, a, b, "blackwell-rtx5070ti-torch", BLACKWELL_SM120.L)
     assert peak <= bound, f"peak {peak / 2**20:.1f} MiB > {bound / 2**20:.1f} MiB"
 
 

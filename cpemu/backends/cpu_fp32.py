@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import reference as ref
+from .reference import Reference
 
 __all__ = ["BACKENDS", "tfdpa", "sum_dtype", "ARITHMETIC"]
 
@@ -82,23 +83,12 @@ def tfdpa(c: np.ndarray, a: ref.Operand, b: ref.Operand, model) -> np.ndarray:
 ARITHMETIC = ref.Arithmetic(tfdpa, 1 << 20, 24)
 
 
-class CpuFp32:
+class CpuFp32(Reference):
     name = "cpu-fp32"
-    on_device = False
-
-    def available(self) -> str | None:
-        return None
+    arith = ARITHMETIC
 
     def detail(self) -> str:
         return "numpy on the CPU, steps summed as exact float32 (float64 where float32 cannot hold the sum)"
-
-    def supports(self, call) -> str | None:
-        return None
-
-    def run(self, call, ops, progress=None):
-        return ref.gemm_codes(ops.a, ops.bt, call.a_format, call.b_format, call.plan, call.model,
-                              call.epilogue.spec(), ops.scale_a, ops.scale_b, ops.bias, call.out_dtype,
-                              call.epilogue.nan_bits, progress=progress, arith=ARITHMETIC)
 
 
 BACKENDS = {"cpu-fp32": CpuFp32()}
