@@ -151,6 +151,7 @@ def test_builds_side_by_side_with_stand_ins(tmp_path, monkeypatch):
         assert b["clock"]["sm_mhz_median"] == 1980.0
         assert b["mac_per_clock_per_sm"] == pytest.approx(16 * 64 * 32 / (b["ms"] / 1e3) / 1.98e9 / 132)
     assert res["builds"][0]["speedup_over_first"] == 1.0
+    assert res["picked"] == {"cuda-rzacc": "gemm_rzacc_small_m"}  # M = 16: the family's small-M geometry
 
 
 def test_builds_whose_exact_bits_differ_exit_1(tmp_path, monkeypatch):

@@ -71,7 +71,8 @@ def _point(rec, cp, stream, prof, sms, sampler, builds, label, N, K, dlabel, kin
     stream.synchronize()
     plan = prof.plan(M, N, K, True, "tensorwise")
     r = {"shape": label, "N": N, "K": K, "M": M, "data": dlabel, "splits": plan.splits,
-         "picked": kernels.tiled_module_for(M, N, sms), "builds": []}
+         "picked": {f: kernels.tiled_module_for(M, N, sms, f) for f in sorted({b["family"] for b in builds})},
+         "builds": []}
     for b in builds:
         launch = direct_launcher(b["family"], prof, M, N, K, True, "bfloat16", (ad, btd, one, one),
                                  tiled_module=b["module"], defines=b["defines"])
