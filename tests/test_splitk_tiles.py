@@ -300,6 +300,21 @@ def test_verdict_rows_against_the_reference():
         assert not np.array_equal(st.emulate(r, "ceil"), want), i
 
 
+def test_verdict_with_the_cpu_fp32_step():
+    """A verdict summed by cpu-fp32's step (``verdict --step cpu-fp32``) judges as the reference's:
+    round 5's cheapest tail call and a split call, against their H200 bytes, every slicing."""
+    fifth = _verdict("verdict5.json")
+    native5 = np.load(os.path.join(TILES, "native5.npz"))
+    picks = (21, 24)  # tile 312 with 19 slices (a tail call) and 24
+    cases = [{k: v for k, v in fifth["rows"][i].items() if k not in ("match", "layout", "sha256")} for i in picks]
+    native = {f"c{j}": native5[f"c{i}"] for j, i in enumerate(picks)}
+    doc = st.verdict(cases, native, step="cpu-fp32")
+    assert [r["match"] for r in doc["rows"]] == [fifth["rows"][i]["match"] for i in picks]
+    assert doc["matched"] == 2 and doc["rows"][0]["match"]["ceil"] is False
+    with pytest.raises(KeyError):
+        st.emulate(cases[0], "profile", step="float64")
+
+
 def test_probes_show_the_profile_slicing():
     """The H200's chain starts (probe) are where the profile's slices start: tile id 10 with 1, 4,
     7 and 25 slices, and tile ids 10 and 47 with 17, 18 and 25 slices, whose slices the tail rule makes
