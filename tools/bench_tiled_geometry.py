@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchkit.clocks import clock_record, start_sampling  # noqa: E402
+from benchkit.clocks import clock_record, rate_figures, start_sampling  # noqa: E402
 from benchkit.launchers import direct_launcher  # noqa: E402
 from benchkit.options import grid_options, parse_grid  # noqa: E402
 from benchkit.provenance import record_header  # noqa: E402
@@ -82,10 +82,7 @@ def _point(rec, cp, stream, prof, sms, sampler, builds, label, N, K, dlabel, kin
             host = out.get(stream=stream)
         stream.synchronize()
         span = t.pop("span")
-        clock = sampler.summary(*span) if sampler is not None else None
-        mhz = clock["sm_mhz_median"] if clock else None
-        t.update(tmac_s=M * N * K / (t["ms"] / 1e3) / 1e12, clock=clock,
-                 mac_per_clock_per_sm=M * N * K / (t["ms"] / 1e3) / (mhz * 1e6) / sms if mhz and sms else None)
+        t.update(rate_figures(M * N * K, t["ms"], sampler.summary(*span) if sampler is not None else None, sms))
         r["builds"].append(dict(b, defines=list(b["defines"]), **t,
                                 output_sha256=hashlib.sha256(host.tobytes()).hexdigest()))
     exact = [x for x in r["builds"] if not x["probe"]]
@@ -96,7 +93,7 @@ def _point(rec, cp, stream, prof, sms, sampler, builds, label, N, K, dlabel, kin
     if not r["same_bits"]:
         rec["failures"].append(f"{label} {dlabel} M={M}: the exact builds' outputs differ")
     click.echo(f"{label:9s} {dlabel:11s} M={M:<5d} " + "  ".join(
-        f"{x['label']} {x['ms']:8.3f} ms ({x['tmac_s']:.2f} TMAC/s, {x['speedup_over_first']:.2f}x)"
+        f"{x['label']} {x['ms']:8.3f} ms ({x['tmacs']:.2f} TMAC/s, {x['speedup_over_first']:.2f}x)"
         for x in r["builds"]) + f"  picked {r['picked']}  same bits {r['same_bits']}")
 
 

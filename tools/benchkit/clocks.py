@@ -155,6 +155,14 @@ class ClockSampler:
                 "power_w_median": statistics.median(pw) if pw else None, "temp_c_max": max(tc) if tc else None}
 
 
+def rate_figures(macs: int, ms: float | None, clock: dict | None, sm_count: int | None) -> dict:
+    """TMAC/s, the clock and MAC per clock per SM of ``macs`` in ``ms`` per call, with the SM
+    clock summary ``clock`` (:meth:`ClockSampler.summary`, or None) on ``sm_count`` SMs."""
+    mhz = (clock or {}).get("sm_mhz_median")
+    return {"tmacs": macs / (ms / 1e3) / 1e12 if ms else None, "clock": clock,
+            "mac_per_clock_per_sm": macs / (ms / 1e3) / (mhz * 1e6) / sm_count if ms and mhz and sm_count else None}
+
+
 def clock_record() -> dict:
     """The record's ``clock`` section before sampling starts."""
     return {"source": None, "note": None, "fields": list(CLOCK_FIELDS), "period_s": CLOCK_PERIOD_S,

@@ -9,7 +9,7 @@ import time
 
 import click
 
-from benchkit.clocks import ClockSampler
+from benchkit.clocks import ClockSampler, rate_figures
 from benchkit.provenance import utc
 from benchkit.records import write_json
 
@@ -109,14 +109,7 @@ class Bench:
     # -------------------------------------------------------- derived figures
     def figures(self, r: dict, macs: int, span):
         """TMAC/s, the clock during ``span`` (wall time) and MAC per clock per SM of a timed record."""
-        clock = self.clock_of(span)
-        ms = r.get("ms")
-        r["tmacs"] = macs / (ms / 1e3) / 1e12 if ms else None
-        r["clock"] = clock
-        if ms and clock and clock.get("sm_mhz_median") and self.sm_count:
-            r["mac_per_clock_per_sm"] = macs / (ms / 1e3) / (clock["sm_mhz_median"] * 1e6) / self.sm_count
-        else:
-            r["mac_per_clock_per_sm"] = None
+        r.update(rate_figures(macs, r.get("ms"), self.clock_of(span), self.sm_count))
 
     def clock_of(self, span):
         if self.sampler is None or not span:
