@@ -272,46 +272,22 @@ def test_verdict_rows_against_the_reference():
             want = failing[f"c{i}"]
             assert hashlib.sha256(want.tobytes()).hexdigest() == r["sha256"] and np.array_equal(got, want)
             assert not np.array_equal(st.emulate(r, "ceil"), want)
-    second = _verdict("verdict2.json")
-    native2 = np.load(os.path.join(TILES, "native2.npz"))
-    for i in (0, 4, 23):  # tile 47 with 17 and 18 slices, 448 with 22
-        r = second["rows"][i]
-        want = native2[f"c{i}"]
-        assert hashlib.sha256(want.tobytes()).hexdigest() == r["sha256"]
-        assert np.array_equal(st.emulate(r, "profile"), want)
-        assert not np.array_equal(st.emulate(r, "ceil"), want), i
-    third = _verdict("verdict3.json")
-    native3 = np.load(os.path.join(TILES, "native3.npz"))
-    for i in (0, 24, 30, 34):  # tile 10 with 17 and 25 slices, 393 with 18, 448 with 19
-        r = third["rows"][i]
-        want = native3[f"c{i}"]
-        assert hashlib.sha256(want.tobytes()).hexdigest() == r["sha256"]
-        assert np.array_equal(st.emulate(r, "profile"), want)
-        assert not np.array_equal(st.emulate(r, "ceil"), want), i
-    fourth = _verdict("verdict4.json")
-    native4 = np.load(os.path.join(TILES, "native4.npz"))
-    for i in (49, 76):  # tile 312 with 21 slices where the tail rule cuts K, 394 with 14
-        r = fourth["rows"][i]
-        want = native4[f"c{i}"]
-        assert hashlib.sha256(want.tobytes()).hexdigest() == r["sha256"]
-        assert np.array_equal(st.emulate(r, "profile"), want)
-        assert np.array_equal(st.emulate(r, "ceil"), want) == (not r.get("tail")), i
-    fifth = _verdict("verdict5.json")
-    native5 = np.load(os.path.join(TILES, "native5.npz"))
-    for i in (21, 24, 84):  # tile 312 with 19 and 24 slices, 313 with 19; the rule cuts each K
-        r = fifth["rows"][i]
-        want = native5[f"c{i}"]
-        assert tail_cut(r["K"], r["splits"]) and hashlib.sha256(want.tobytes()).hexdigest() == r["sha256"]
-        assert np.array_equal(st.emulate(r, "profile"), want)
-        assert not np.array_equal(st.emulate(r, "ceil"), want), i
-    sixth = _verdict("verdict6.json")
-    native6 = np.load(os.path.join(TILES, "native6.npz"))
-    for i in (0, 39, 99):  # tile 12 with 5 slices; 12 and 13 with 17, where the rule cuts K
-        r = sixth["rows"][i]
-        want = native6[f"c{i}"]
-        assert hashlib.sha256(want.tobytes()).hexdigest() == r["sha256"]
-        assert np.array_equal(st.emulate(r, "profile"), want)
-        assert np.array_equal(st.emulate(r, "ceil"), want) == (not tail_cut(r["K"], r["splits"])), i
+    # per later round, rows judged again: {row: whether the tail rule cuts its K}; where it cuts, the
+    # slicing of all of K must not give the H200's bytes, and where it does not, it must
+    later = {2: {0: True, 4: True, 23: True},  # tile 47 with 17 and 18 slices, 448 with 22
+             3: {0: True, 24: True, 30: True, 34: True},  # tile 10 with 17 and 25 slices, 393 with 18, 448 with 19
+             4: {49: True, 76: False},  # tile 312 with 21 slices where the tail rule cuts K, 394 with 14
+             5: {21: True, 24: True, 84: True},  # tile 312 with 19 and 24 slices, 313 with 19
+             6: {0: False, 39: True, 99: True}}  # tile 12 with 5 slices; 12 and 13 with 17
+    for n, rows in later.items():
+        doc = _verdict(f"verdict{n}.json")
+        native = np.load(os.path.join(TILES, f"native{n}.npz"))
+        for i, cut in rows.items():
+            r = doc["rows"][i]
+            want = native[f"c{i}"]
+            assert tail_cut(r["K"], r["splits"]) == cut and hashlib.sha256(want.tobytes()).hexdigest() == r["sha256"]
+            assert np.array_equal(st.emulate(r, "profile"), want), (n, i)
+            assert np.array_equal(st.emulate(r, "ceil"), want) == (not cut), (n, i)
 
 
 def test_verdict_with_the_cpu_fp32_step():
