@@ -93,6 +93,10 @@ typedef unsigned long long cpt_u64;
 #ifndef CPT_PASS1_MMA
 #define CPT_PASS1_MMA 0  // 1 (with CPT_PREDECODE; measurement builds): pass 1 of e4m3 x e4m3 on tensor cores (cpt_emax_mma)
 #endif
+#ifndef CPT_STAGE_PASS1
+#define CPT_STAGE_PASS1 1  // 0 (measurement builds, with CPT_PROBE_SKIP=1): the stage without pass 1's operand
+#endif
+static_assert(CPT_STAGE_PASS1 || (CPT_RZACC && (CPT_PROBE_SKIP & 1)), "CPT_STAGE_PASS1=0: cuda-rzacc without pass 1");
 #ifndef CPT_KPARTS
 #define CPT_KPARTS 1  // threads per output (cuda-rzacc): a step's products split over them (small M)
 #endif
@@ -140,10 +144,12 @@ struct CptTile {
     float v[CPT_KT][R];    // fast path: the magnitude |value|; integer path: the significand bits
     cpt_u32 s[CPT_KT][R];  // sign mask: 0, or 0xFFFFFFFF for a code with the sign bit set
 #endif
+#if CPT_STAGE_PASS1
     union {                         // pass 1's operand, by the kernel's `bf_emax`:
         short e[CPT_KT][R];         // exponent, CPT_SENT for m == 0 (cpt_emax, cpt_sum_int)
         cpt_u32 x2[CPT_KT / 2][R];  // bf16 pairs (codes 2q, 2q + 1) of 2**(6 e), 0 for m == 0
     };                              // (cpt_emax_bf16)
+#endif
     cpt_u32 flag[R];  // byte q: a NaN or Inf among the codes of chunk q of the row
     cpt_u32 neg[R];   // bit k: code k of the step has the sign bit set
 };
@@ -182,7 +188,7 @@ struct CptSharedPre {
 };
 // kernels.py launches the GEMM with CPT_SMEM_BYTES and the predecode kernel with CPT_DECODE_SMEM_BYTES
 static_assert(sizeof(CptSharedPre) == CPT_SMEM_BYTES, "shared memory layout: update CPT_SMEM_BYTES and kernels.py");
-#define CPT_DECODE_SMEM_BYTES 38400  // sizeof(CptShared): one stage and the decode tables
+#define CPT_DECODE_SMEM_BYTES (CPT_STAGE_PASS1 ? 38400 : 30208)  // sizeof(CptShared): one stage and the decode tables
 static_assert(sizeof(CptShared) == CPT_DECODE_SMEM_BYTES, "shared memory layout: update kernels.py");
 #else
 // kernels.py launches with CPT_SMEM_BYTES of dynamic shared memory (TILED_VARIANTS)
@@ -310,6 +316,7 @@ __device__ __forceinline__ void cpt_store(CptTile<R>& t, const uint2 (&raw)[CPT_
             t.sg[kc * 2 + h][row] = w & 0x80808080u;
         }
 #endif
+#if CPT_STAGE_PASS1
         if (bf_emax) {
 #pragma unroll
             for (int h = 0; h < 4; ++h) t.x2[kc * 4 + h][row] = __byte_perm(xe[2 * h], xe[2 * h + 1], 0x5410u);
@@ -317,6 +324,7 @@ __device__ __forceinline__ void cpt_store(CptTile<R>& t, const uint2 (&raw)[CPT_
 #pragma unroll
             for (int b = 0; b < 8; ++b) t.e[kc * 8 + b][row] = (short)(xe[b] >> 16);
         }
+#endif
         ((cpt_u8*)t.neg)[row * 4 + kc] = (cpt_u8)(cpt_sign_nibble(raw[q].x) | (cpt_sign_nibble(raw[q].y) << 4));
         ((cpt_u8*)t.flag)[row * 4 + kc] =
             (cpt_u8)((cpt_special_bytes(raw[q].x, is_e5m2) | cpt_special_bytes(raw[q].y, is_e5m2)) != 0);
@@ -518,7 +526,9 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
             for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
                 for (int j = 0; j < CPT_TN; ++j) em[i][j] = max(cpt_c_exp(acc[i][j]), 4);
-        } else if (bf_emax) {
+        }
+#if CPT_STAGE_PASS1
+        else if (bf_emax) {
 #if CPT_PASS1_MMA
             cpt_emax_mma(st, sp.emx, ty, tx, kofs, klen, acc, em);
 #else
@@ -542,6 +552,7 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
         } else {
             cpt_emax(st, ty, tx, kofs, klen, acc, em);
         }
+#endif
 #if CPT_RZACC
         cpt_sum_rzacc(st, ty, tx, kofs, klen, acc, em, F, cpt_lambda_min(a_fmt) + cpt_lambda_min(b_fmt), rmask, acc);
 #else

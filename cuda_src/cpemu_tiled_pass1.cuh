@@ -60,6 +60,7 @@ __device__ __forceinline__ void cpt_parts_max(int (&em)[CPT_TM][CPT_TN]) {
 }
 #endif
 
+#if CPT_STAGE_PASS1  // the passes below read the stage's pass-1 operand
 // Pass 1 for e4m3 x e4m3, on the FP pipe (the integer pipe is the busy one): e_max of the
 // products is read off X = sum over the step's products of 2**(8 (E - 2)) = 2**(8 (e_a - 1)) *
 // 2**(8 (e_b - 1)), summed in bf16 (two lanes: even and odd k). Every term is an exact power of
@@ -228,3 +229,4 @@ __device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int
 #endif
 #endif
 }
+#endif  // CPT_STAGE_PASS1

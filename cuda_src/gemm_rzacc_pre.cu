@@ -24,7 +24,9 @@
 #define CPT_PASS1_MMA 0
 #endif
 #ifndef CPT_SMEM_BYTES
-#if CPT_PASS1_MMA
+#if defined(CPT_STAGE_PASS1) && !CPT_STAGE_PASS1
+#define CPT_SMEM_BYTES 51200  // two stages of 200 bytes per row of A and of B (no pass 1 operand)
+#elif CPT_PASS1_MMA
 #define CPT_SMEM_BYTES 71680  // two stages of 264 bytes per row of A and of B, and pass 1's 64 x 64 bytes
 #else
 #define CPT_SMEM_BYTES 67584  // two stages of 264 bytes per row of A and of B

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "eaf7f9a304fcff79e2348b3a7793dcf17d6068da99b84345abb8982c086a5d4b"
+MANIFEST_SHA256 = "3b5ce7076b80548433ec39284d1d47aca22b62b68c78793dc612cad27da70d1d"

@@ -106,6 +106,10 @@ IMAGE_ROWS = 64
 #: gemm_rzacc_pre's predecode kernel: (name, shared memory bytes, K elements per chunk, bytes of
 #: one image: 260 per row)
 PREDECODE = ("cpemu_rzacc_predecode", 38400, 32, 260 * IMAGE_ROWS)
+#: a ``CPT_STAGE_PASS1=0`` measurement build of gemm_rzacc_pre (with ``CPT_PROBE_SKIP=1``): stages
+#: without pass 1's operand, 200 bytes per row: (GEMM, predecode) shared memory, image bytes per block
+NO_PASS1_SMEM = (51200, 30208)
+NO_PASS1_IMAGE_BYTES = 196 * IMAGE_ROWS
 #: gemm_rzacc_pre runs where both operands' images take at most this many bytes, and at most a
 #: quarter of the GPU's free memory (else gemm_rzacc, the same bits)
 PREDECODE_MAX_BYTES = 4 << 30
@@ -197,7 +201,8 @@ def get_kernel(kernel_family: str, defines: tuple = (), module: str | None = Non
 
                 fn = get_function(module, name)
             if module in TILED_VARIANTS:  # its dynamic shared memory (the launch checks the limit)
-                fn.max_dynamic_shared_size_bytes = PREDECODE[1] if predecode else tiled_smem(module, defines)
+                fn.max_dynamic_shared_size_bytes = (_predecode_smem(defines) if predecode
+                                                    else tiled_smem(module, defines))
             _cache[key] = fn
     return fn
 
@@ -511,9 +516,20 @@ def predecode_limit(call, device: int) -> str | None:
     return None
 
 
-def _image_bytes(rows: int, K: int) -> int:
-    """Bytes of one operand's stage images: 260 per row (rounded up to IMAGE_ROWS rows) and 32 K elements."""
-    return -(-rows // IMAGE_ROWS) * -(-K // PREDECODE[2]) * PREDECODE[3]
+def _image_bytes(rows: int, K: int, defines=()) -> int:
+    """Bytes of one operand's stage images: 260 per row (rounded up to IMAGE_ROWS rows) and 32 K elements
+    (196 in a ``CPT_STAGE_PASS1=0`` measurement build: no pass 1 operand)."""
+    per_block = PREDECODE[3] if _stage_pass1(defines) else NO_PASS1_IMAGE_BYTES
+    return -(-rows // IMAGE_ROWS) * -(-K // PREDECODE[2]) * per_block
+
+
+def _stage_pass1(defines) -> bool:
+    """False for a ``CPT_STAGE_PASS1=0`` measurement build (stages without pass 1's operand)."""
+    return "CPT_STAGE_PASS1=0" not in tuple(map(str, defines))
+
+
+def _predecode_smem(defines) -> int:
+    return PREDECODE[1] if _stage_pass1(defines) else NO_PASS1_SMEM[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -525,13 +541,13 @@ def _images(call, a, bt, defines) -> list:
     """The stage images of A and B (cpemu_rzacc_predecode, on the current stream) and the
     number of K chunks: the GEMM kernel's last three arguments."""
     cupy = _cupy()
-    smem, chunk = PREDECODE[1:3]
+    smem, chunk = _predecode_smem(defines), PREDECODE[2]
     fn = get_kernel("cuda-rzacc", tuple(defines), RZACC_PRE, kernel="predecode")
     nchunks = -(-call.K // chunk)
     bf_emax = np.int32(call.a_format.name == "e4m3" and call.b_format.name == "e4m3")
     out = []
     for x, rows, fmt in ((a, call.M, call.a_format), (bt, call.N, call.b_format)):
-        img = cupy.empty(_image_bytes(rows, call.K), dtype=cupy.uint8)
+        img = cupy.empty(_image_bytes(rows, call.K, defines), dtype=cupy.uint8)
         fn((nchunks, -(-rows // IMAGE_ROWS), 1), (tiled_threads(RZACC_PRE, defines), 1, 1),
            (x, np.int32(rows), np.int32(call.K), np.int32(fmt.name == "e5m2"), bf_emax, img), shared_mem=smem)
         out.append(img)
@@ -590,6 +606,8 @@ def simple_geometry(kernel: str, fn) -> tuple[int, int, int]:
 def tiled_smem(module: str, defines=()) -> int:
     """Dynamic shared memory of a tiled geometry's GEMM kernel: TILED_VARIANTS', plus pass 1's
     64 x 64 bytes in a ``CPT_PASS1_MMA=1`` measurement build of gemm_rzacc_pre."""
+    if module == RZACC_PRE and not _stage_pass1(defines):
+        return NO_PASS1_SMEM[0]
     extra = 64 * 64 if module == RZACC_PRE and "CPT_PASS1_MMA=1" in tuple(map(str, defines)) else 0
     return TILED_VARIANTS[module][5] + extra
 
