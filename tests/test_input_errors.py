@@ -235,6 +235,10 @@ def test_every_profile_states_its_domain():
 def test_output_too_large_is_refused_before_allocating(monkeypatch):
     import cpemu.memory as mem
 
+    import numpy.ma  # noqa: F401 - imported before np.empty goes (numpy imports it lazily)
+    from cpemu import backends
+
+    backends.status(cpemu.get_profile("ada-rtx4060-torch"))  # validated first: the ladder's checks allocate
     monkeypatch.setattr(mem, "available_bytes", lambda: 1 << 30)
     monkeypatch.setattr(np, "empty", None)  # any allocation of the output would fail differently
     a = np.zeros((32768, 16), ml_dtypes.float8_e4m3fn)
