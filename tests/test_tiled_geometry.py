@@ -34,7 +34,14 @@ def test_launch_constants_match_the_source(module):
         assert "#define CPT_RZACC 1" in (SRC / f"{module}.cu").read_text()
         assert smem == 2 * 264 * (bm + bn) and bm == bn == 64
         assert kernels.PREDECODE[1] == 264 * (bm + bn) + 4608 and kernels.PREDECODE[3] == 260 * bm
-        assert "#define CPT_DECODE_SMEM_BYTES 38400" in (SRC / "cpemu_tiled.cuh").read_text()
+        assert "#define CPT_DECODE_SMEM_BYTES (CPT_STAGE_PASS1 ? 38400 : 30208)" in (SRC / "cpemu_tiled.cuh").read_text()
+        # the CPT_STAGE_PASS1=0 measurement build: 200 bytes per row (no pass 1 operand), images of 196
+        assert kernels.NO_PASS1_SMEM == (2 * 200 * (bm + bn), 200 * (bm + bn) + 4608)
+        assert kernels.NO_PASS1_IMAGE_BYTES == 196 * bm
+        assert "#define CPT_SMEM_BYTES 51200" in (SRC / f"{module}.cu").read_text()
+        assert kernels.tiled_smem(module, ("CPT_PROBE_SKIP=1", "CPT_STAGE_PASS1=0")) == 51200
+        assert kernels._image_bytes(130, 100, ("CPT_STAGE_PASS1=0",)) == 3 * 4 * 196 * 64
+        assert kernels._image_bytes(130, 100) == 3 * 4 * 260 * 64
     elif module in kernels.TILED_FAMILIES["cuda-rzacc"]:
         assert "#define CPT_RZACC 1" in (SRC / f"{module}.cu").read_text()
         assert smem == 264 * (bm + bn) + 4608
@@ -47,7 +54,8 @@ def test_launch_constants_match_the_source(module):
 
 def test_kparts_builds_compile():
     """The small-M design with a step's products over 2 or 4 threads (CPT_KPARTS, cuda-rzacc), and
-    gemm_rzacc_pre with pass 1 on tensor cores (CPT_PASS1_MMA), build for every architecture with
+    gemm_rzacc_pre with pass 1 on tensor cores (CPT_PASS1_MMA) and the stage without pass 1's operand
+    (CPT_STAGE_PASS1=0, a ceiling measurement), build for every architecture with
     the pinned NVRTC (their bits are checked on a GPU: CPEMU_TEST_RZACC_DEFINES); the default
     fatbins do not contain them (build_fatbin --check)."""
     import importlib.util
@@ -59,7 +67,8 @@ def test_kparts_builds_compile():
     tc = bf.Toolchain()
     for module, defs in (("gemm_rzacc_small_m", "CPT_KPARTS 4\n#define CPT_MINBLOCKS 2"),
                          ("gemm_rzacc_small_m", "CPT_KPARTS 2\n#define CPT_MINBLOCKS 3"),
-                         ("gemm_rzacc_pre", "CPT_PASS1_MMA 1")):
+                         ("gemm_rzacc_pre", "CPT_PASS1_MMA 1"),
+                         ("gemm_rzacc_pre", "CPT_PROBE_SKIP 1\n#define CPT_STAGE_PASS1 0\n#define CPT_MINBLOCKS 4")):
         cu = SRC / f"{module}.cu"
         sources = bf.module_sources(SRC, cu)
         headers = {k: v for k, v in sources.items() if k != cu.name}
