@@ -689,3 +689,15 @@ def test_table_bytes_do_not_depend_on_the_order_of_configurations(tmp_path):
                                  cfgs))
     assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
     assert load_complete("a.npz", str(tmp_path)).configs.tolist() == sorted(map(list, configs))
+
+
+def test_workers_spread_over_the_visible_gpus(monkeypatch):
+    """On a host of several GPUs worker w takes GPU w % n (its CUDA_VISIBLE_DEVICES), in the order
+    CUDA_VISIBLE_DEVICES lists them; on one GPU, or none, the workers keep the default device."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5,7")
+    gpus = se.visible_gpus()
+    assert gpus == ["3", "5", "7"]
+    assert [se.worker_gpu(w, gpus) for w in range(7)] == ["3", "5", "7", "3", "5", "7", "3"]
+    assert se.worker_gpu(4, ["0"]) is None and se.worker_gpu(0, []) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert se.visible_gpus() == []

@@ -15,7 +15,8 @@ for every combination.
 ``w, w + W, ...`` and appends one line per finished pair to ``REC/part-<w>-of-<W>.jsonl``
 (configurations first seen get their own line). Running again continues where each worker
 stopped (a line cut off by an interruption is dropped and its pair asked again), with the same
-or another number of workers (pairs in any part file are skipped). One worker per CPU core: on
+or another number of workers (pairs in any part file are skipped). One worker per CPU core (the heuristic runs on the host; on a host of several GPUs the workers
+spread over them, :func:`worker_gpu`): on
 the H200 host one process answered about 3,000 queries/s and 16 processes on 16 cores 48,270/s
 (with :class:`.splitk_query.Querier`; the workers now ask through its lean form, which checks itself
 against it).
@@ -713,8 +714,29 @@ def _start(rec: str, plan: dict) -> None:
         os.replace(path + ".tmp", path)
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs the workers spread over (worker w on GPU ``w % len``): CUDA_VISIBLE_DEVICES where
+    it is set, else every GPU torch counts; [] where there is no torch (the worker's default device)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except ImportError:
+        return []
+
+
+def worker_gpu(w: int, gpus) -> str | None:
+    """The CUDA_VISIBLE_DEVICES of worker ``w`` (one GPU of ``gpus``, round robin), or None to leave it."""
+    return gpus[w % len(gpus)] if len(gpus) > 1 else None
+
+
 def _gpu_worker(args):
-    rec, w, W, ws, deadline, first_n, fast_law, k_law, table = args
+    rec, w, W, ws, deadline, first_n, fast_law, k_law, table, gpu = args
+    if gpu is not None:  # before the worker's first CUDA call (a spawned process)
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     from .splitk_query import LeanQuerier
 
     old = base_table(table)
@@ -743,9 +765,10 @@ def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_byte
                                    f"assumes {plan['bound']['workspace_bytes']}")
     t0 = time.time()
     deadline = t0 + seconds
+    gpus = visible_gpus()
     with mp.get_context("spawn").Pool(jobs) as pool:
-        n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline, tuple(first_n), fast_law, k_law, table)
-                                       for w in range(jobs)]))
+        n = sum(pool.map(_gpu_worker, [(rec, w, jobs, workspace_bytes, deadline, tuple(first_n), fast_law, k_law, table,
+                                        worker_gpu(w, gpus)) for w in range(jobs)]))
     st = status(rec)
     if old is not None:
         st["pairs_in_table"] = len(old.pairs)
