@@ -96,7 +96,13 @@ typedef unsigned long long cpt_u64;
 #ifndef CPT_STAGE_PASS1
 #define CPT_STAGE_PASS1 1  // 0 (measurement builds, with CPT_PROBE_SKIP=1): the stage without pass 1's operand
 #endif
-static_assert(CPT_STAGE_PASS1 || (CPT_RZACC && (CPT_PROBE_SKIP & 1)), "CPT_STAGE_PASS1=0: cuda-rzacc without pass 1");
+#ifndef CPT_EPROD
+#define CPT_EPROD 0  // 1 (measurement builds, with CPT_STAGE_PASS1=0): pass 1's e_max read from cpemu_rzacc_eprod's bytes
+#endif
+static_assert(CPT_STAGE_PASS1 || (CPT_RZACC && ((CPT_PROBE_SKIP & 1) || CPT_EPROD)),
+              "CPT_STAGE_PASS1=0: cuda-rzacc without pass 1 in the GEMM kernel");
+static_assert(!CPT_EPROD || (!CPT_STAGE_PASS1 && CPT_PREDECODE && !(CPT_PROBE_SKIP & 1)),
+              "CPT_EPROD: with CPT_STAGE_PASS1=0 and CPT_PREDECODE (gemm_rzacc_pre)");
 #ifndef CPT_KPARTS
 #define CPT_KPARTS 1  // threads per output (cuda-rzacc): a step's products split over them (small M)
 #endif
@@ -182,6 +188,9 @@ static_assert(CPT_RZACC && CPT_KPARTS == 1 && CPT_BM == CPT_BN, "CPT_PREDECODE: 
 static_assert(CPT_IMAGE_BYTES(CPT_BM) % 16 == 0, "stage images are copied in 16-byte pieces");
 struct CptSharedPre {
     CptStage st[2];
+#if CPT_EPROD
+    cpt_u32 ep[CPT_THREADS][8];  // each thread's e_max bytes of the step (row i: word i, column j: byte j)
+#endif
 #if CPT_PASS1_MMA
     signed char emx[CPT_BM][CPT_BN];  // pass 1's e_max of the products, from the MMA layout to the threads'
 #endif
@@ -359,6 +368,18 @@ __device__ __forceinline__ void cpt_copy_image(CptTile<R>& t, const cpt_u8* __re
     }
 }
 
+#if CPT_EPROD
+// Starts the copy of this thread's 32 e_max bytes of step `step` (cpemu_rzacc_eprod's layout: per
+// block of outputs, per step, per thread of the GEMM's block) into sp.ep[threadIdx.x].
+template <typename S>
+__device__ __forceinline__ void cpt_copy_eprod(S& sp, const cpt_u8* __restrict__ Ep, int nsteps, int step) {
+    const cpt_u8* src = Ep + ((((cpt_i64)blockIdx.y * gridDim.x + blockIdx.x) * nsteps + step) * CPT_THREADS +
+                              threadIdx.x) * 32;
+    cpt_cp_async16(&sp.ep[threadIdx.x][0], src);
+    cpt_cp_async16(&sp.ep[threadIdx.x][4], src + 16);
+}
+#endif
+
 // The predecode kernel's body: the image of rows [R * blockIdx.y, + R) and K chunk blockIdx.x of
 // X (rows x K codes of format fmt) into img, by the decode of the GEMM kernels (cpt_store), with
 // zeros in every byte that decode leaves unwritten. bf_emax: pass 1's operand (both operands e4m3).
@@ -381,6 +402,71 @@ __device__ __forceinline__ void cpt_predecode_body(const cpt_u8* __restrict__ X,
 }
 #endif
 
+#if CPT_EPROD
+// ------------------------------------------------------------------------ e_max bytes
+
+// The e_max bytes (CPT_EPROD, a measurement build): for the block of 64 x 64 outputs (blockIdx.x,
+// blockIdx.y) and every step s (K elements [L s, L s + L)), the byte cpt_emax_mma leaves in emx for
+// each output: E_max of the step's products (-128 when all are zero), read from the same bf16 sum on
+// the same tensor-core instruction, with the pass-1 operands (x2) of the full stage images Pa and Pb
+// (cpemu_rzacc_predecode built with CPT_STAGE_PASS1=1: 260 bytes per row, x2 after v, lam and sg).
+// Written in the GEMM threads' order (cpt_copy_eprod). e4m3 x e4m3 only; grid (ceil(N / 64),
+// ceil(M / 64)), CPT_THREADS threads.
+#define CPT_FULL_IMAGE_BYTES (260 * CPT_BM)
+#define CPT_FULL_IMAGE_X2 ((CPT_KT * 4 + 2 * CPT_KT) * CPT_BM)
+__device__ __forceinline__ void cpt_eprod_body(const cpt_u8* __restrict__ Pa, const cpt_u8* __restrict__ Pb,
+                                               int nchunks, int K, int L, int nsteps, cpt_u8* __restrict__ Ep) {
+    __shared__ __align__(16) cpt_u32 xa[CPT_KT / 2][CPT_BM];
+    __shared__ __align__(16) cpt_u32 xb[CPT_KT / 2][CPT_BN];
+    __shared__ __align__(16) signed char emx[CPT_BM][CPT_BN];
+    const int lane = (int)threadIdx.x & 31, g = lane >> 2, c = lane & 3, r0 = 16 * ((int)threadIdx.x >> 5);
+    const int ty = threadIdx.x / (CPT_BN / CPT_TN), tx = threadIdx.x % (CPT_BN / CPT_TN);
+    const cpt_i64 blk = (cpt_i64)blockIdx.y * gridDim.x + blockIdx.x;
+    for (int ch = 0; ch < nchunks; ++ch) {
+        const uint4* pa = (const uint4*)(Pa + ((cpt_i64)blockIdx.y * nchunks + ch) * CPT_FULL_IMAGE_BYTES + CPT_FULL_IMAGE_X2);
+        const uint4* pb = (const uint4*)(Pb + ((cpt_i64)blockIdx.x * nchunks + ch) * CPT_FULL_IMAGE_BYTES + CPT_FULL_IMAGE_X2);
+        __syncthreads();  // the previous chunk's operands and bytes are read
+        for (int i = threadIdx.x; i < (int)(sizeof(xa) / 16); i += CPT_THREADS) {
+            ((uint4*)xa)[i] = pa[i];
+            ((uint4*)xb)[i] = pb[i];
+        }
+        __syncthreads();
+        for (int kofs = 0; kofs < CPT_KT && ch * CPT_KT + kofs < K; kofs += L) {
+            const int klen = min(L, K - ch * CPT_KT - kofs), q0 = kofs / 2;
+            cpt_u32 a[2][4];  // as in cpt_emax_mma
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int q = q0 + 8 * h + c;
+                const bool lo = 16 * h + 2 * c < klen, hi = 16 * h + 2 * c + 8 < klen;
+                a[h][0] = lo ? xa[q][r0 + g] : 0u;
+                a[h][1] = lo ? xa[q][r0 + g + 8] : 0u;
+                a[h][2] = hi ? xa[q + 4][r0 + g] : 0u;
+                a[h][3] = hi ? xa[q + 4][r0 + g + 8] : 0u;
+            }
+#pragma unroll
+            for (int t = 0; t < CPT_BN / 8; ++t) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                cpt_mma_bf16(d, a[0], xb[q0 + c][8 * t + g], xb[q0 + c + 4][8 * t + g]);
+                if (klen > 16) cpt_mma_bf16(d, a[1], xb[q0 + 8 + c][8 * t + g], xb[q0 + 12 + c][8 * t + g]);
+                const cpt_u32 top = ((cpt_u32)cpt_emax_of(d[0]) & 0xFFu) | (((cpt_u32)cpt_emax_of(d[1]) & 0xFFu) << 8);
+                const cpt_u32 bot = ((cpt_u32)cpt_emax_of(d[2]) & 0xFFu) | (((cpt_u32)cpt_emax_of(d[3]) & 0xFFu) << 8);
+                *(cpt_u16*)&emx[r0 + g][8 * t + 2 * c] = (cpt_u16)top;
+                *(cpt_u16*)&emx[r0 + g + 8][8 * t + 2 * c] = (cpt_u16)bot;
+            }
+            __syncthreads();
+            cpt_u32 w[CPT_TM];  // this GEMM thread's rows, 4 columns each
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i) w[i] = *(const cpt_u32*)&emx[ty * CPT_TM + i][tx * CPT_TN];
+            uint4* dst = (uint4*)(Ep + ((blk * nsteps + (ch * CPT_KT + kofs) / L) * CPT_THREADS + threadIdx.x) * 32);
+            dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+            dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+            __syncthreads();  // emx is read before the next step writes it
+        }
+    }
+}
+static_assert(CPT_TM == 8 && CPT_TN == 4 && CPT_BM == 64 && CPT_BN == 64, "CPT_EPROD: 32 bytes per GEMM thread");
+#endif
+
 // ------------------------------------------------------------------------ kernel
 
 // The kernel's body. Same arguments as cpemu_gemm_simple (see gemm_simple.cu), plus ws: a
@@ -396,7 +482,11 @@ __device__ __forceinline__ void cpt_predecode_body(const cpt_u8* __restrict__ X,
 #define CPT_KERNEL_ARGS                                                                                               \
     A, Bt, M, N, K, a_fmt, b_fmt, L, F, R, e_zero, slices, n_slices, promotion, scale_a, sa_stride, scale_b,         \
         sb_stride, ep_order, bias, has_bias, out, out_kind, nan_bits, ws CPT_IMAGE_ARGS
-#if CPT_PREDECODE  // the images of A and B (cpemu_rzacc_predecode) and their chunks per row block
+#if CPT_PREDECODE && CPT_EPROD  // and the e_max bytes of every step (cpemu_rzacc_eprod)
+#define CPT_IMAGE_PARAMS , const cpt_u8 *__restrict__ Ai, const cpt_u8 *__restrict__ Bi, int nchunks, \
+                           const cpt_u8 *__restrict__ Ep, int nsteps
+#define CPT_IMAGE_ARGS , Ai, Bi, nchunks, Ep, nsteps
+#elif CPT_PREDECODE  // the images of A and B (cpemu_rzacc_predecode) and their chunks per row block
 #define CPT_IMAGE_PARAMS , const cpt_u8 *__restrict__ Ai, const cpt_u8 *__restrict__ Bi, int nchunks
 #define CPT_IMAGE_ARGS , Ai, Bi, nchunks
 #else
@@ -441,6 +531,9 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
     int buf = 0;
     cpt_copy_image<CPT_BM>(sp.st[0].a, Ai, blockIdx.y, nchunks, cur.k);
     cpt_copy_image<CPT_BN>(sp.st[0].b, Bi, blockIdx.x, nchunks, cur.k);
+#if CPT_EPROD
+    cpt_copy_eprod(sp, Ep, nsteps, cur.k / L);
+#endif
     cpt_cp_async_commit();
 #else
     uint2 ra[CPT_LOADS(CPT_BM)], rb[CPT_LOADS(CPT_BN)];
@@ -521,6 +614,20 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
             }
         }
         int em[CPT_TM][CPT_TN];
+#if CPT_EPROD
+        {  // e_max of the products from the bytes cpemu_rzacc_eprod wrote (its step k / L), then the next step's
+            const uint4 w0 = *(const uint4*)&sp.ep[threadIdx.x][0], w1 = *(const uint4*)&sp.ep[threadIdx.x][4];
+            const cpt_u32 w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT_TN; ++j) em[i][j] = max(cpt_c_exp(acc[i][j]), (int)(signed char)(w[i] >> (8 * j)));
+            if (more) {  // this thread's own bytes only: ep is free once em holds them
+                cpt_copy_eprod(sp, Ep, nsteps, next.k / L);
+                cpt_cp_async_commit();
+            }
+        }
+#else
         if (CPT_PROBE_SKIP & 1) {
 #pragma unroll
             for (int i = 0; i < CPT_TM; ++i)
@@ -553,6 +660,7 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
             cpt_emax(st, ty, tx, kofs, klen, acc, em);
         }
 #endif
+#endif  // CPT_EPROD
 #if CPT_RZACC
         cpt_sum_rzacc(st, ty, tx, kofs, klen, acc, em, F, cpt_lambda_min(a_fmt) + cpt_lambda_min(b_fmt), rmask, acc);
 #else

@@ -60,6 +60,24 @@ __device__ __forceinline__ void cpt_parts_max(int (&em)[CPT_TM][CPT_TN]) {
 }
 #endif
 
+#if CPT_PASS1_MMA || CPT_EPROD
+// bf16 mma.sync m16n8k16 with an FP32 accumulator (sm_80 and newer): the tensor-core form of pass 1
+// (cpt_emax_mma below, cpemu_rzacc_eprod)
+__device__ __forceinline__ void cpt_mma_bf16(float (&d)[4], const cpt_u32 (&a)[4], cpt_u32 b0, cpt_u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// E_max of a sum X of the terms above (cpt_emax_bf16's reading, on FP32 bits); -128 when every
+// product is zero (below any exponent of c, which is at least -126)
+__device__ __forceinline__ int cpt_emax_of(float x) {
+    const cpt_u32 u = __float_as_uint(x);
+    return u ? (int)(((u >> 23) + 1u) >> 3) - 14 : -128;
+}
+#endif
+
 #if CPT_STAGE_PASS1  // the passes below read the stage's pass-1 operand
 // Pass 1 for e4m3 x e4m3, on the FP pipe (the integer pipe is the busy one): e_max of the
 // products is read off X = sum over the step's products of 2**(8 (E - 2)) = 2**(8 (e_a - 1)) *
@@ -112,20 +130,6 @@ __device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx
 // threads that own the outputs. Only sm_80 and newer (mma.sync bf16).
 static_assert(!CPT_PASS1_MMA || (CPT_PREDECODE && CPT_BM == 64 && CPT_BN == 64 && CPT_TM == 8 && CPT_TN == 4),
               "CPT_PASS1_MMA: gemm_rzacc_pre's geometry (a warp's outputs are one 16 x 64 tile)");
-
-__device__ __forceinline__ void cpt_mma_bf16(float (&d)[4], const cpt_u32 (&a)[4], cpt_u32 b0, cpt_u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// E_max of a sum X of the terms above (cpt_emax_bf16's reading, on FP32 bits); -128 when every
-// product is zero (below any exponent of c, which is at least -126)
-__device__ __forceinline__ int cpt_emax_of(float x) {
-    const cpt_u32 u = __float_as_uint(x);
-    return u ? (int)(((u >> 23) + 1u) >> 3) - 14 : -128;
-}
 
 __device__ __forceinline__ void cpt_emax_mma(const CptStage& sh, signed char (&emx)[CPT_BM][CPT_BN], int ty, int tx,
                                              int kofs, int klen, const float (&acc)[CPT_TM][CPT_TN],

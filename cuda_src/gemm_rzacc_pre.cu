@@ -24,7 +24,9 @@
 #define CPT_PASS1_MMA 0
 #endif
 #ifndef CPT_SMEM_BYTES
-#if defined(CPT_STAGE_PASS1) && !CPT_STAGE_PASS1
+#if defined(CPT_EPROD) && CPT_EPROD
+#define CPT_SMEM_BYTES 55296  // two stages of 200 bytes per row of A and of B, and 32 e_max bytes per thread
+#elif defined(CPT_STAGE_PASS1) && !CPT_STAGE_PASS1
 #define CPT_SMEM_BYTES 51200  // two stages of 200 bytes per row of A and of B (no pass 1 operand)
 #elif CPT_PASS1_MMA
 #define CPT_SMEM_BYTES 71680  // two stages of 264 bytes per row of A and of B, and pass 1's 64 x 64 bytes
@@ -46,3 +48,14 @@ extern "C" __global__ void __launch_bounds__(CPT_THREADS) cpemu_rzacc_predecode(
                                                                                cpt_u8* __restrict__ img) {
     cpt_predecode_body(X, rows, K, fmt, bf_emax, img);
 }
+
+#if CPT_EPROD
+// The e_max bytes of every step (measurement build; see cpt_eprod_body): grid (ceil(N / 64), ceil(M / 64)).
+// not shipped: cpemu_rzacc_eprod
+extern "C" __global__ void __launch_bounds__(CPT_THREADS) cpemu_rzacc_eprod(const cpt_u8* __restrict__ Pa,
+                                                                           const cpt_u8* __restrict__ Pb, int nchunks,
+                                                                           int K, int L, int nsteps,
+                                                                           cpt_u8* __restrict__ Ep) {
+    cpt_eprod_body(Pa, Pb, nchunks, K, L, nsteps, Ep);
+}
+#endif

@@ -168,6 +168,10 @@ def test_kernel_names_parser():
           'extern "C"\n__global__  void __launch_bounds__(256, 2) c (float*p) {}\n' \
           '// extern "C" __global__ void d(\n__global__ void not_extern_c() {}\n'
     assert build_fatbin.kernel_names(src) == ["a", "c"]
+    # a measurement build's kernel, marked as not in the fatbin; a mark naming no kernel is an error
+    assert build_fatbin.kernel_names(src + "// not shipped: c\n") == ["a"]
+    with pytest.raises(build_fatbin.BuildError, match="'not shipped' names no kernel"):
+        build_fatbin.kernel_names(src + "// not shipped: d\n")
 
 
 # ---------------------------------------------------------------- the loader

@@ -42,6 +42,10 @@ def test_launch_constants_match_the_source(module):
         assert kernels.tiled_smem(module, ("CPT_PROBE_SKIP=1", "CPT_STAGE_PASS1=0")) == 51200
         assert kernels._image_bytes(130, 100, ("CPT_STAGE_PASS1=0",)) == 3 * 4 * 196 * 64
         assert kernels._image_bytes(130, 100) == 3 * 4 * 260 * 64
+        # the CPT_EPROD=1 build: those stages and 32 e_max bytes per thread
+        assert kernels.EPROD_SMEM == 2 * 200 * (bm + bn) + 32 * kernels.tiled_threads(module)
+        assert kernels.tiled_smem(module, kernels.EPROD_DEFINES) == kernels.EPROD_SMEM
+        assert "#define CPT_SMEM_BYTES 55296" in (SRC / f"{module}.cu").read_text()
     elif module in kernels.TILED_FAMILIES["cuda-rzacc"]:
         assert "#define CPT_RZACC 1" in (SRC / f"{module}.cu").read_text()
         assert smem == 264 * (bm + bn) + 4608
@@ -55,7 +59,8 @@ def test_launch_constants_match_the_source(module):
 def test_kparts_builds_compile():
     """The small-M design with a step's products over 2 or 4 threads (CPT_KPARTS, cuda-rzacc), and
     gemm_rzacc_pre with pass 1 on tensor cores (CPT_PASS1_MMA) and the stage without pass 1's operand
-    (CPT_STAGE_PASS1=0, a ceiling measurement), build for every architecture with
+    (CPT_STAGE_PASS1=0, a ceiling measurement), and pass 1 in a tensor-core kernel of its own (CPT_EPROD=1),
+    build for every architecture with
     the pinned NVRTC (their bits are checked on a GPU: CPEMU_TEST_RZACC_DEFINES); the default
     fatbins do not contain them (build_fatbin --check)."""
     import importlib.util
@@ -68,7 +73,8 @@ def test_kparts_builds_compile():
     for module, defs in (("gemm_rzacc_small_m", "CPT_KPARTS 4\n#define CPT_MINBLOCKS 2"),
                          ("gemm_rzacc_small_m", "CPT_KPARTS 2\n#define CPT_MINBLOCKS 3"),
                          ("gemm_rzacc_pre", "CPT_PASS1_MMA 1"),
-                         ("gemm_rzacc_pre", "CPT_PROBE_SKIP 1\n#define CPT_STAGE_PASS1 0\n#define CPT_MINBLOCKS 4")):
+                         ("gemm_rzacc_pre", "CPT_PROBE_SKIP 1\n#define CPT_STAGE_PASS1 0\n#define CPT_MINBLOCKS 4"),
+                         ("gemm_rzacc_pre", "CPT_EPROD 1\n#define CPT_STAGE_PASS1 0\n#define CPT_MINBLOCKS 4")):
         cu = SRC / f"{module}.cu"
         sources = bf.module_sources(SRC, cu)
         headers = {k: v for k, v in sources.items() if k != cu.name}

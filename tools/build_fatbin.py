@@ -242,13 +242,22 @@ def strip_comments(text: str) -> str:
     return "".join(out)
 
 
+#: a line ``// not shipped: NAME`` marks the kernel NAME as one of a measurement build only (its
+#: definition is inside ``#if`` of a macro the shipped build leaves 0): it is not in the fatbin
+NOT_SHIPPED_RE = re.compile(r"^\s*//\s*not shipped:\s*([A-Za-z_][A-Za-z0-9_]*)\s*$", re.M)
+
+
 def kernel_names(text: str) -> list[str]:
-    """The ``extern "C" __global__ void NAME(`` kernels of a source, in source order."""
+    """The ``extern "C" __global__ void NAME(`` kernels of a source, in source order (without those
+    marked ``// not shipped: NAME``)."""
     names = KERNEL_RE.findall(strip_comments(text))
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise BuildError(f"kernel(s) declared more than once: {dup}")
-    return names
+    skip = set(NOT_SHIPPED_RE.findall(text))
+    if skip - set(names):
+        raise BuildError(f"'not shipped' names no kernel of the source: {sorted(skip - set(names))}")
+    return [n for n in names if n not in skip]
 
 
 def module_sources(src_dir: Path, cu: Path) -> dict[str, bytes]:

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "3b5ce7076b80548433ec39284d1d47aca22b62b68c78793dc612cad27da70d1d"
+MANIFEST_SHA256 = "67239f74209899d407aeb77a522124c94485f6cf7616e291fadf4e06e289d176"

@@ -110,6 +110,12 @@ PREDECODE = ("cpemu_rzacc_predecode", 38400, 32, 260 * IMAGE_ROWS)
 #: without pass 1's operand, 200 bytes per row: (GEMM, predecode) shared memory, image bytes per block
 NO_PASS1_SMEM = (51200, 30208)
 NO_PASS1_IMAGE_BYTES = 196 * IMAGE_ROWS
+#: a ``CPT_EPROD=1`` measurement build (with ``CPT_STAGE_PASS1=0``): pass 1 by a kernel of its own on
+#: tensor cores (cpemu_rzacc_eprod, e4m3 x e4m3), 32 bytes per GEMM thread and step read by the GEMM;
+#: the GEMM's shared memory (its stages and those bytes)
+EPROD_KERNEL = "cpemu_rzacc_eprod"
+EPROD_DEFINES = ("CPT_EPROD=1", "CPT_STAGE_PASS1=0")
+EPROD_SMEM = 55296
 #: gemm_rzacc_pre runs where both operands' images take at most this many bytes, and at most a
 #: quarter of the GPU's free memory (else gemm_rzacc, the same bits)
 PREDECODE_MAX_BYTES = 4 << 30
@@ -173,10 +179,13 @@ def get_kernel(kernel_family: str, defines: tuple = (), module: str | None = Non
     if module not in MODULES[kernel_family]:
         raise ValueError(f"module: must be one of {MODULES[kernel_family]} for {kernel_family} (got {module!r})")
     predecode = kernel == "predecode" and module == RZACC_PRE
-    if kernel is not None and not predecode and (kernel_family != "cuda-simple" or kernel not in SIMPLE_KERNELS):
+    eprod = kernel == "eprod" and module == RZACC_PRE
+    if kernel is not None and not (predecode or eprod) and (kernel_family != "cuda-simple" or kernel not in SIMPLE_KERNELS):
         raise ValueError(f"kernel: must be None, or for cuda-simple one of {sorted(SIMPLE_KERNELS)} (got {kernel!r})")
     if predecode:
         name = PREDECODE[0]
+    elif eprod:
+        name = EPROD_KERNEL
     elif kernel is not None:
         name = SIMPLE_KERNELS[kernel][0]
     else:
@@ -200,7 +209,7 @@ def get_kernel(kernel_family: str, defines: tuple = (), module: str | None = Non
                 from .loader import get_function
 
                 fn = get_function(module, name)
-            if module in TILED_VARIANTS:  # its dynamic shared memory (the launch checks the limit)
+            if module in TILED_VARIANTS and not eprod:  # its dynamic shared memory (the launch checks the limit)
                 fn.max_dynamic_shared_size_bytes = (_predecode_smem(defines) if predecode
                                                     else tiled_smem(module, defines))
             _cache[key] = fn
@@ -488,6 +497,8 @@ def launch(kernel_family: str, call: Call, ops: Operands, *, defines: tuple = ()
         if module == RZACC_PRE and why_not:
             _fail("tiled_module", f"{RZACC_PRE} cannot run this call: {why_not}", module)
         module = "gemm_rzacc" if why_not else RZACC_PRE
+    if module == RZACC_PRE and _eprod(defines) and not (call.a_format.name == "e4m3" and call.b_format.name == "e4m3"):
+        defines = tuple(d for d in defines if d not in EPROD_DEFINES)  # that build is e4m3 x e4m3 only: the same bits
     fn = get_kernel(kernel_family, tuple(defines), module)
     _, bm, bn = TILED_VARIANTS[module][:3]
     smem = tiled_smem(module, defines)
@@ -495,6 +506,8 @@ def launch(kernel_family: str, call: Call, ops: Operands, *, defines: tuple = ()
     if grid[1] > 65535:
         _fail("a_codes", f"M must be at most {65535 * bm} for the tiled kernel", M)
     args += [ws] + (_images(call, a, bt, defines) if module == RZACC_PRE else [])
+    if module == RZACC_PRE and _eprod(defines):
+        args += _eprod_bytes(call, a, bt, defines, grid)
     fn(grid, (tiled_threads(module, defines), 1, 1), tuple(args), shared_mem=smem)
     return out
 
@@ -526,6 +539,28 @@ def _image_bytes(rows: int, K: int, defines=()) -> int:
 def _stage_pass1(defines) -> bool:
     """False for a ``CPT_STAGE_PASS1=0`` measurement build (stages without pass 1's operand)."""
     return "CPT_STAGE_PASS1=0" not in tuple(map(str, defines))
+
+
+def _eprod(defines) -> bool:
+    """True for a ``CPT_EPROD=1`` measurement build (pass 1 in cpemu_rzacc_eprod)."""
+    return "CPT_EPROD=1" in tuple(map(str, defines))
+
+
+def _eprod_bytes(call, a, bt, defines, grid) -> list:
+    """The e_max bytes of every step for a ``CPT_EPROD=1`` build (cpemu_rzacc_eprod, from the full
+    stage images of the shipped predecode kernel) and the number of steps: the GEMM's last two arguments."""
+    cupy = _cupy()
+    nsteps = -(-call.K // call.model.L)
+    need = grid[0] * grid[1] * nsteps * 32 * tiled_threads(RZACC_PRE, defines)
+    free = int(cupy.cuda.runtime.memGetInfo()[0])
+    if need > free // 2:
+        raise ValueError(f"defines: CPT_EPROD=1 needs {need} bytes of e_max bytes (more than half the {free} free)")
+    pa, pb, nchunks = _images(call, a, bt, ())
+    ep = cupy.empty(need, dtype=cupy.uint8)
+    fn = get_kernel("cuda-rzacc", tuple(defines), RZACC_PRE, kernel="eprod")
+    fn(grid, (tiled_threads(RZACC_PRE, defines), 1, 1),
+       (pa, pb, nchunks, np.int32(call.K), np.int32(call.model.L), np.int32(nsteps), ep))
+    return [ep, np.int32(nsteps)]
 
 
 def _predecode_smem(defines) -> int:
@@ -606,6 +641,8 @@ def simple_geometry(kernel: str, fn) -> tuple[int, int, int]:
 def tiled_smem(module: str, defines=()) -> int:
     """Dynamic shared memory of a tiled geometry's GEMM kernel: TILED_VARIANTS', plus pass 1's
     64 x 64 bytes in a ``CPT_PASS1_MMA=1`` measurement build of gemm_rzacc_pre."""
+    if module == RZACC_PRE and _eprod(defines):
+        return EPROD_SMEM
     if module == RZACC_PRE and not _stage_pass1(defines):
         return NO_PASS1_SMEM[0]
     extra = 64 * 64 if module == RZACC_PRE and "CPT_PASS1_MMA=1" in tuple(map(str, defines)) else 0
