@@ -554,7 +554,7 @@ def _eprod_bytes(call, a, bt, defines, grid) -> list:
     need = grid[0] * grid[1] * nsteps * 32 * tiled_threads(RZACC_PRE, defines)
     free = int(cupy.cuda.runtime.memGetInfo()[0])
     if need > free // 2:
-        raise ValueError(f"defines: CPT_EPROD=1 needs {need} bytes of e_max bytes (more than half the {free} free)")
+        raise ValueError(f"defines: CPT_EPROD=1 needs {need} bytes for its e_max bytes (at most half the {free} free)")
     pa, pb, nchunks = _images(call, a, bt, ())
     ep = cupy.empty(need, dtype=cupy.uint8)
     fn = get_kernel("cuda-rzacc", tuple(defines), RZACC_PRE, kernel="eprod")
