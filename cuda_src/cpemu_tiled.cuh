@@ -407,7 +407,7 @@ __device__ __forceinline__ void cpt_predecode_body(const cpt_u8* __restrict__ X,
 
 // The e_max bytes (CPT_EPROD, a measurement build): for the block of 64 x 64 outputs (blockIdx.x,
 // blockIdx.y) and every step s (K elements [L s, L s + L)), the byte cpt_emax_mma leaves in emx for
-// each output: E_max of the step's products (-128 when all are zero), read from the same bf16 sum on
+// each output (cpt_emax_tile_mma): E_max of the step's products (-128 when all are zero), read from the same bf16 sum on
 // the same tensor-core instruction, with the pass-1 operands (x2) of the full stage images Pa and Pb
 // (cpemu_rzacc_predecode built with CPT_STAGE_PASS1=1: 260 bytes per row, x2 after v, lam and sg).
 // Written in the GEMM threads' order (cpt_copy_eprod). e4m3 x e4m3 only; grid (ceil(N / 64),
@@ -419,7 +419,6 @@ __device__ __forceinline__ void cpt_eprod_body(const cpt_u8* __restrict__ Pa, co
     __shared__ __align__(16) cpt_u32 xa[CPT_KT / 2][CPT_BM];
     __shared__ __align__(16) cpt_u32 xb[CPT_KT / 2][CPT_BN];
     __shared__ __align__(16) signed char emx[CPT_BM][CPT_BN];
-    const int lane = (int)threadIdx.x & 31, g = lane >> 2, c = lane & 3, r0 = 16 * ((int)threadIdx.x >> 5);
     const int ty = threadIdx.x / (CPT_BN / CPT_TN), tx = threadIdx.x % (CPT_BN / CPT_TN);
     const cpt_i64 blk = (cpt_i64)blockIdx.y * gridDim.x + blockIdx.x;
     for (int ch = 0; ch < nchunks; ++ch) {
@@ -432,27 +431,7 @@ __device__ __forceinline__ void cpt_eprod_body(const cpt_u8* __restrict__ Pa, co
         }
         __syncthreads();
         for (int kofs = 0; kofs < CPT_KT && ch * CPT_KT + kofs < K; kofs += L) {
-            const int klen = min(L, K - ch * CPT_KT - kofs), q0 = kofs / 2;
-            cpt_u32 a[2][4];  // as in cpt_emax_mma
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int q = q0 + 8 * h + c;
-                const bool lo = 16 * h + 2 * c < klen, hi = 16 * h + 2 * c + 8 < klen;
-                a[h][0] = lo ? xa[q][r0 + g] : 0u;
-                a[h][1] = lo ? xa[q][r0 + g + 8] : 0u;
-                a[h][2] = hi ? xa[q + 4][r0 + g] : 0u;
-                a[h][3] = hi ? xa[q + 4][r0 + g + 8] : 0u;
-            }
-#pragma unroll
-            for (int t = 0; t < CPT_BN / 8; ++t) {
-                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                cpt_mma_bf16(d, a[0], xb[q0 + c][8 * t + g], xb[q0 + c + 4][8 * t + g]);
-                if (klen > 16) cpt_mma_bf16(d, a[1], xb[q0 + 8 + c][8 * t + g], xb[q0 + 12 + c][8 * t + g]);
-                const cpt_u32 top = ((cpt_u32)cpt_emax_of(d[0]) & 0xFFu) | (((cpt_u32)cpt_emax_of(d[1]) & 0xFFu) << 8);
-                const cpt_u32 bot = ((cpt_u32)cpt_emax_of(d[2]) & 0xFFu) | (((cpt_u32)cpt_emax_of(d[3]) & 0xFFu) << 8);
-                *(cpt_u16*)&emx[r0 + g][8 * t + 2 * c] = (cpt_u16)top;
-                *(cpt_u16*)&emx[r0 + g + 8][8 * t + 2 * c] = (cpt_u16)bot;
-            }
+            cpt_emax_tile_mma(xa, xb, kofs, min(L, K - ch * CPT_KT - kofs), emx);
             __syncthreads();
             cpt_u32 w[CPT_TM];  // this GEMM thread's rows, 4 columns each
 #pragma unroll

@@ -76,6 +76,37 @@ __device__ __forceinline__ int cpt_emax_of(float x) {
     const cpt_u32 u = __float_as_uint(x);
     return u ? (int)(((u >> 23) + 1u) >> 3) - 14 : -128;
 }
+
+// The warp's 16 x 64 tile of E_max bytes of one step (K elements [kofs, kofs + klen) of a 32-element
+// chunk) into emx, from the chunk's pass-1 operands xa (the block's A rows) and xb (its B rows): one
+// m16n8k16 MMA per 8 columns and 16 K elements, rows 16 w .. 16 w + 15 for warp w.
+__device__ __forceinline__ void cpt_emax_tile_mma(const cpt_u32 (&xa)[CPT_KT / 2][CPT_BM],
+                                                  const cpt_u32 (&xb)[CPT_KT / 2][CPT_BN], int kofs, int klen,
+                                                  signed char (&emx)[CPT_BM][CPT_BN]) {
+    const int lane = (int)threadIdx.x & 31, g = lane >> 2, c = lane & 3, r0 = 16 * ((int)threadIdx.x >> 5);
+    const int q0 = kofs / 2;  // the step's first pair of K elements in the chunk
+    cpt_u32 a[2][4];          // A fragments of K elements [16 h, 16 h + 16) of the step, 0 past klen
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int q = q0 + 8 * h + c;
+        const bool lo = 16 * h + 2 * c < klen, hi = 16 * h + 2 * c + 8 < klen;
+        a[h][0] = lo ? xa[q][r0 + g] : 0u;
+        a[h][1] = lo ? xa[q][r0 + g + 8] : 0u;
+        a[h][2] = hi ? xa[q + 4][r0 + g] : 0u;
+        a[h][3] = hi ? xa[q + 4][r0 + g + 8] : 0u;
+    }
+#pragma unroll
+    for (int t = 0; t < CPT_BN / 8; ++t) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        cpt_mma_bf16(d, a[0], xb[q0 + c][8 * t + g], xb[q0 + c + 4][8 * t + g]);
+        if (klen > 16) cpt_mma_bf16(d, a[1], xb[q0 + 8 + c][8 * t + g], xb[q0 + 12 + c][8 * t + g]);
+        // d: (row g, columns 2c and 2c + 1) and (row g + 8, the same columns) of tile t
+        const cpt_u32 top = ((cpt_u32)cpt_emax_of(d[0]) & 0xFFu) | (((cpt_u32)cpt_emax_of(d[1]) & 0xFFu) << 8);
+        const cpt_u32 bot = ((cpt_u32)cpt_emax_of(d[2]) & 0xFFu) | (((cpt_u32)cpt_emax_of(d[3]) & 0xFFu) << 8);
+        *(cpt_u16*)&emx[r0 + g][8 * t + 2 * c] = (cpt_u16)top;
+        *(cpt_u16*)&emx[r0 + g + 8][8 * t + 2 * c] = (cpt_u16)bot;
+    }
+}
 #endif
 
 #if CPT_STAGE_PASS1  // the passes below read the stage's pass-1 operand
@@ -134,29 +165,7 @@ static_assert(!CPT_PASS1_MMA || (CPT_PREDECODE && CPT_BM == 64 && CPT_BN == 64 &
 __device__ __forceinline__ void cpt_emax_mma(const CptStage& sh, signed char (&emx)[CPT_BM][CPT_BN], int ty, int tx,
                                              int kofs, int klen, const float (&acc)[CPT_TM][CPT_TN],
                                              int (&em)[CPT_TM][CPT_TN]) {
-    const int lane = (int)threadIdx.x & 31, g = lane >> 2, c = lane & 3, r0 = 16 * ((int)threadIdx.x >> 5);
-    const int q0 = kofs / 2;  // the step's first pair of K elements in the stage
-    cpt_u32 a[2][4];          // A fragments of K elements [16 h, 16 h + 16) of the step, 0 past klen
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int q = q0 + 8 * h + c;
-        const bool lo = 16 * h + 2 * c < klen, hi = 16 * h + 2 * c + 8 < klen;
-        a[h][0] = lo ? sh.a.x2[q][r0 + g] : 0u;
-        a[h][1] = lo ? sh.a.x2[q][r0 + g + 8] : 0u;
-        a[h][2] = hi ? sh.a.x2[q + 4][r0 + g] : 0u;
-        a[h][3] = hi ? sh.a.x2[q + 4][r0 + g + 8] : 0u;
-    }
-#pragma unroll
-    for (int t = 0; t < CPT_BN / 8; ++t) {
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        cpt_mma_bf16(d, a[0], sh.b.x2[q0 + c][8 * t + g], sh.b.x2[q0 + c + 4][8 * t + g]);
-        if (klen > 16) cpt_mma_bf16(d, a[1], sh.b.x2[q0 + 8 + c][8 * t + g], sh.b.x2[q0 + 12 + c][8 * t + g]);
-        // d: (row g, columns 2c and 2c + 1) and (row g + 8, the same columns) of tile t
-        const cpt_u32 top = ((cpt_u32)cpt_emax_of(d[0]) & 0xFFu) | (((cpt_u32)cpt_emax_of(d[1]) & 0xFFu) << 8);
-        const cpt_u32 bot = ((cpt_u32)cpt_emax_of(d[2]) & 0xFFu) | (((cpt_u32)cpt_emax_of(d[3]) & 0xFFu) << 8);
-        *(cpt_u16*)&emx[r0 + g][8 * t + 2 * c] = (cpt_u16)top;
-        *(cpt_u16*)&emx[r0 + g + 8][8 * t + 2 * c] = (cpt_u16)bot;
-    }
+    cpt_emax_tile_mma(sh.a.x2, sh.b.x2, kofs, klen, emx);
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i) {

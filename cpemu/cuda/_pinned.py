@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "67239f74209899d407aeb77a522124c94485f6cf7616e291fadf4e06e289d176"
+MANIFEST_SHA256 = "3fece07d1454ee4724a3ad853d7b5bac763d37f3a9253eea87cd551619d1ec58"

@@ -536,14 +536,19 @@ def _image_bytes(rows: int, K: int, defines=()) -> int:
     return -(-rows // IMAGE_ROWS) * -(-K // PREDECODE[2]) * per_block
 
 
+def _defines(defines, macro: str) -> bool:
+    """Whether the build's defines hold ``macro`` ("NAME=VALUE")."""
+    return macro in tuple(map(str, defines))
+
+
 def _stage_pass1(defines) -> bool:
     """False for a ``CPT_STAGE_PASS1=0`` measurement build (stages without pass 1's operand)."""
-    return "CPT_STAGE_PASS1=0" not in tuple(map(str, defines))
+    return not _defines(defines, "CPT_STAGE_PASS1=0")
 
 
 def _eprod(defines) -> bool:
     """True for a ``CPT_EPROD=1`` measurement build (pass 1 in cpemu_rzacc_eprod)."""
-    return "CPT_EPROD=1" in tuple(map(str, defines))
+    return _defines(defines, "CPT_EPROD=1")
 
 
 def _eprod_bytes(call, a, bt, defines, grid) -> list:
@@ -645,7 +650,7 @@ def tiled_smem(module: str, defines=()) -> int:
         return EPROD_SMEM
     if module == RZACC_PRE and not _stage_pass1(defines):
         return NO_PASS1_SMEM[0]
-    extra = 64 * 64 if module == RZACC_PRE and "CPT_PASS1_MMA=1" in tuple(map(str, defines)) else 0
+    extra = 64 * 64 if module == RZACC_PRE and _defines(defines, "CPT_PASS1_MMA=1") else 0
     return TILED_VARIANTS[module][5] + extra
 
 
