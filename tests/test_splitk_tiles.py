@@ -78,26 +78,28 @@ CASES5 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases5.json")
 CASES6 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases6.json")
 CASES7 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases7.json")
 CASES8 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases8.json")
+CASES9 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases9.json")
 
 
 def test_every_configuration_of_the_table_is_verified_or_planned():
     """Every (tile, split count) of the shipped complete table is verified on H200 outputs, except
-    the 4 that first came with record runs 24 and 25 (tile 15 with 4 slices, 92 with 17, 316 with
-    13 and 15): those, and the tail cuts not seen yet, are exactly round 8's plan (tiles/cases8.json,
+    the 6 that first came with record runs 26 to 28 (tile 15 with 3, 5, 6 and 9 slices, 92 with 21,
+    316 with 14): those, and the tail cuts not seen yet, are exactly round 9's plan (tiles/cases9.json,
     not yet run on the H200), and the table's answers with them are refused until it runs."""
     table, bad = st.unverified_configs()
-    plan = json.load(open(CASES8))["cases"]
+    plan = json.load(open(CASES9))["cases"]
     pending = {(c["tile"], c["splits"], c["reduction"]) for c in plan if not c.get("tail")}
-    assert set(bad.values()) == pending == {(15, 4, 2), (92, 17, 2), (316, 13, 2), (316, 15, 2)}
+    assert set(bad.values()) == pending == {(15, 3, 2), (15, 5, 2), (15, 6, 2), (15, 9, 2), (92, 21, 2), (316, 14, 2)}
     planned = {(c["tile"], c["splits"], c["reduction"]) for c in plan}
-    assert planned == pending and {(c["tile"], c["splits"], c["reduction"]) for c in st.make_cases(per=1)} == planned
-    # counts of 17 or more slices not seen cut: round 8 plans those the table gives at a K the rule
+    assert planned == pending | {(92, 19, 2)}
+    assert {(c["tile"], c["splits"], c["reduction"]) for c in st.make_cases(per=1)} == planned
+    # counts of 17 or more slices not seen cut: round 9 plans those the table gives at a K the rule
     # cuts; the others it gives at no such K
     unseen = set(st.tail_configs(table)[0].values())
-    assert unseen == {(92, 17, 2), (92, 19, 2), (315, 22, 2), (393, 19, 2), (448, 17, 2), (448, 18, 2),
+    assert unseen == {(92, 19, 2), (92, 21, 2), (315, 22, 2), (393, 19, 2), (448, 17, 2), (448, 18, 2),
                       (486, 17, 2), (537, 17, 2)}
     assert {(c["tile"], c["splits"]) for c in plan if c.get("tail")} == {k[:2] for k in unseen} - {
-        (92, 19), (315, 22), (393, 19), (448, 17), (448, 18), (486, 17), (537, 17)}
+        (315, 22), (393, 19), (448, 17), (448, 18), (486, 17), (537, 17)}
 
 
 def _round3_profile():
@@ -130,13 +132,13 @@ def test_cases_are_unverified_configurations_of_the_table():
     tails = set(st.tail_configs(table, prof)[0].values())
     keys = [(c["tile"], c["splits"], c["reduction"], c.get("tail", False)) for c in cases]
     assert len(keys) == len(set(keys))
-    # rounds 4 to 8 (cases4.json to cases8.json) hold the configurations that came with later record
-    # runs; the split counts of rounds 4 to 7 are verified in the profile now, their tail cuts are
+    # rounds 4 to 9 (cases4.json to cases9.json) hold the configurations that came with later record
+    # runs; the split counts of rounds 4 to 8 are verified in the profile now, their tail cuts are
     # not in this one
-    fourth, fifth, sixth, seventh, eighth = (json.load(open(p))["cases"]
-                                             for p in (CASES4, CASES5, CASES6, CASES7, CASES8))
-    later_split = {(c["tile"], c["splits"], c["reduction"]) for c in eighth if not c.get("tail")}
-    later_tail = {(c["tile"], c["splits"]) for c in fourth + fifth + sixth + seventh + eighth if c.get("tail")}
+    fourth, fifth, sixth, seventh, eighth, ninth = (json.load(open(p))["cases"]
+                                                    for p in (CASES4, CASES5, CASES6, CASES7, CASES8, CASES9))
+    later_split = {(c["tile"], c["splits"], c["reduction"]) for c in ninth if not c.get("tail")}
+    later_tail = {(c["tile"], c["splits"]) for c in fourth + fifth + sixth + seventh + eighth + ninth if c.get("tail")}
     assert {k[:3] for k in keys if not k[3]} == set(st.unverified_configs(prof)[1].values())
     assert set(st.unverified_configs(prof)[1].values()) == {(448, 16, 2)} | later_split
     assert {k[:3] for k in keys if k[3]} <= tails
@@ -192,7 +194,7 @@ def _verdict(name="verdict.json"):
 def test_verified_splits_are_the_verdicts():
     """The profile's verified_splits are the earlier ones plus every (tile, split count) whose H200
     calls all matched the profile's slicing: the first verdict judged again under the tail rule
-    (its 17 misses, and only they, judged again) and the second to seventh verdicts; no count fails."""
+    (its 17 misses, and only they, judged again) and the second to eighth verdicts; no count fails."""
     import cpemu
 
     first, now, second = _verdict(), _verdict("verdict-tail.json"), _verdict("verdict2.json")
@@ -211,22 +213,24 @@ def test_verified_splits_are_the_verdicts():
     assert sixth["cases"] == 251 and sixth["matched"] == 251
     seventh = _verdict("verdict7.json")
     assert seventh["cases"] == 99 and seventh["matched"] == 99
+    eighth = _verdict("verdict8.json")
+    assert eighth["cases"] == 9 and eighth["matched"] == 9
     rows = (now["rows"] + second["rows"] + third["rows"] + fourth["rows"] + fifth["rows"] + sixth["rows"]
-            + seventh["rows"])
+            + seventh["rows"] + eighth["rows"])
     assert st.proposed_verified(BEFORE_VERDICT, rows) == par["verified_splits"]
     assert par["verified_splits"]["47"] == 25 and {16, 22} <= set(par["verified_splits"]["448"])
 
 
 def test_tail_cuts_seen_are_the_verdicts():
     """The profile's ``split_k.tail.verified`` is exactly the (tile, count) of the verdicts' calls
-    whose K the tail rule cuts, all of which matched; in rounds 3 to 7 every tail call also told the
+    whose K the tail rule cuts, all of which matched; in rounds 3 to 8 every tail call also told the
     cut from the sum over all of K (the ceil slicing of K did not give the H200's bytes)."""
     import cpemu
 
     seen = {}
     tail_calls = 0
     for name in ("verdict-tail.json", "verdict2.json", "verdict3.json", "verdict4.json", "verdict5.json",
-                 "verdict6.json", "verdict7.json"):
+                 "verdict6.json", "verdict7.json", "verdict8.json"):
         for r in _verdict(name)["rows"]:
             if tail_cut(r["K"], r["splits"]):
                 assert r["match"]["profile"], (name, r)
@@ -236,11 +240,11 @@ def test_tail_cuts_seen_are_the_verdicts():
             if r.get("tail"):
                 assert tail_cut(r["K"], r["splits"]) and r["match"]["ceil"] is False, r
                 tail_calls += 1
-    assert tail_calls == 36 + 18 + 36 + 69 + 20
+    assert tail_calls == 36 + 18 + 36 + 69 + 20 + 3
     verified = cpemu.get_profile().split_rule("tensorwise").tail["verified"]
     assert {t: sorted(v) for t, v in seen.items()} == verified
     assert verified == {"10": list(range(17, 26)), "12": list(range(17, 26)), "13": list(range(17, 26)),
-                        "47": list(range(17, 26)), "92": [20, 22], "312": list(range(17, 26)),
+                        "47": list(range(17, 26)), "92": [17, 20, 22], "312": list(range(17, 26)),
                         "313": list(range(17, 26)), "314": list(range(17, 24)), "315": [17, 18, 20, 21, 23], "393": [17, 18, 20],
                         "394": [18, 20], "448": [19, 22]}
 
@@ -258,7 +262,7 @@ def test_verdict_rows_against_the_reference():
     """Judged here again: the reference under the profile's slicing gives the recorded H200 bytes
     (sha256) for a cheap call of each tile, and the kept bytes of the first verdict's misses (tiles
     47, 393 and 448 with 17 or more slices: native-failing.npz) and of later verdicts (native2.npz
-    to native7.npz), which the slicing without the tail rule does not give where the rule cuts K."""
+    to native8.npz), which the slicing without the tail rule does not give where the rule cuts K."""
     first = _verdict("verdict-tail.json")
     failing = np.load(os.path.join(TILES, "native-failing.npz"))
     cheapest = {}
@@ -282,7 +286,8 @@ def test_verdict_rows_against_the_reference():
              4: {49: True, 76: False},  # tile 312 with 21 slices where the tail rule cuts K, 394 with 14
              5: {21: True, 24: True, 84: True},  # tile 312 with 19 and 24 slices, 313 with 19
              6: {0: False, 39: True, 99: True},  # tile 12 with 5 slices; 12 and 13 with 17
-             7: {0: False, 39: True, 42: True}}  # tile 92 with 2 slices; 313 with 24 and 25
+             7: {0: False, 39: True, 42: True},  # tile 92 with 2 slices; 313 with 24 and 25
+             8: {1: False, 4: True}}  # tile 92 with 17 slices where the rule does not cut K and where it does
     for n, rows in later.items():
         doc = _verdict(f"verdict{n}.json")
         native = np.load(os.path.join(TILES, f"native{n}.npz"))
