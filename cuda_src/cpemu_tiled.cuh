@@ -79,7 +79,8 @@ typedef unsigned long long cpt_u64;
 #define CPT_RZACC 0  // 1: pass 2 by the biased round-toward-zero accumulator (cpt_sum_rzacc; F <= 14)
 #endif
 #ifndef CPT_PROBE_SKIP
-#define CPT_PROBE_SKIP 0  // measurement builds only (wrong bits): 1 no pass 1, 2 no count of cpt_sum_rzacc
+#define CPT_PROBE_SKIP 0  // measurement builds only (wrong bits): 1 no pass 1, 2 no count of cpt_sum_rzacc,
+                          // 4 the count without its sign mask (a signed dp4a of the bytes)
 #endif
 #ifndef CPT_SUM_UNROLL
 #define CPT_SUM_UNROLL 1  // unrolling of pass 2's loop (fast path), in pairs of K elements

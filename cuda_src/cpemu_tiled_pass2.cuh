@@ -88,7 +88,11 @@ __device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx
                 for (int h = 0; h < 4; ++h) X[i][j] = cpemu_fma_rz(va[h][i], vb[h][j], X[i][j]);
 #if !(CPT_PROBE_SKIP & 2)
                 const cpt_u32 x = la[i] + lb[j] + T4[i][j];
+#if CPT_PROBE_SKIP & 4  // the count's inner cost with signs folded into the bytes (docs/design-notes.md): no LOP3
+                cnt[i][j] = (cpt_u32)__dp4a((int)x, 0x01010101, (int)cnt[i][j]);
+#else
                 cnt[i][j] = __dp4a(x & (sa[i] ^ sb[j]), 0x01010101u, cnt[i][j]);
+#endif
 #endif
             }
     }

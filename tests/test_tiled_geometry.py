@@ -59,7 +59,8 @@ def test_launch_constants_match_the_source(module):
 def test_kparts_builds_compile():
     """The small-M design with a step's products over 2 or 4 threads (CPT_KPARTS, cuda-rzacc), and
     gemm_rzacc_pre with pass 1 on tensor cores (CPT_PASS1_MMA) and the stage without pass 1's operand
-    (CPT_STAGE_PASS1=0, a ceiling measurement), and pass 1 in a tensor-core kernel of its own (CPT_EPROD=1),
+    (CPT_STAGE_PASS1=0, a ceiling measurement), pass 1 in a tensor-core kernel of its own (CPT_EPROD=1) and
+    the count without its sign mask (CPT_PROBE_SKIP=4, a ceiling measurement),
     build for every architecture with
     the pinned NVRTC (their bits are checked on a GPU: CPEMU_TEST_RZACC_DEFINES); the default
     fatbins do not contain them (build_fatbin --check)."""
@@ -74,7 +75,8 @@ def test_kparts_builds_compile():
                          ("gemm_rzacc_small_m", "CPT_KPARTS 2\n#define CPT_MINBLOCKS 3"),
                          ("gemm_rzacc_pre", "CPT_PASS1_MMA 1"),
                          ("gemm_rzacc_pre", "CPT_PROBE_SKIP 1\n#define CPT_STAGE_PASS1 0\n#define CPT_MINBLOCKS 4"),
-                         ("gemm_rzacc_pre", "CPT_EPROD 1\n#define CPT_STAGE_PASS1 0\n#define CPT_MINBLOCKS 4")):
+                         ("gemm_rzacc_pre", "CPT_EPROD 1\n#define CPT_STAGE_PASS1 0\n#define CPT_MINBLOCKS 4"),
+                         ("gemm_rzacc_pre", "CPT_PROBE_SKIP 4")):
         cu = SRC / f"{module}.cu"
         sources = bf.module_sources(SRC, cu)
         headers = {k: v for k, v in sources.items() if k != cu.name}

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "3fece07d1454ee4724a3ad853d7b5bac763d37f3a9253eea87cd551619d1ec58"
+MANIFEST_SHA256 = "22e720f7a56bd3d7564cfdaa15d53adf9eb2a372fdb6a4ad2f45abd0f7a835f3"
