@@ -73,12 +73,13 @@ def test_covered_k():
     assert covered_k(43536, 17, 128, None) == 43536 and covered_k(43536, 16, 128, tail) == 43536
 
 
-CASES4 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases4.json")
-CASES5 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases5.json")
-CASES6 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases6.json")
-CASES7 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases7.json")
-CASES8 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases8.json")
-CASES9 = os.path.join(HERE, "data", "h200-splitk", "tiles", "cases9.json")
+#: the rounds of tiles/ that ran on the H200 (verdict<n>.json, native<n>.npz); the next one is planned (cases<n>.json)
+ROUNDS_RUN = 8
+
+
+def _cases(n):
+    with open(os.path.join(HERE, "data", "h200-splitk", "tiles", f"cases{n}.json")) as f:
+        return json.load(f)["cases"]
 
 
 def test_every_configuration_of_the_table_is_verified_or_planned():
@@ -87,7 +88,7 @@ def test_every_configuration_of_the_table_is_verified_or_planned():
     316 with 14): those, and the tail cuts not seen yet, are exactly round 9's plan (tiles/cases9.json,
     not yet run on the H200), and the table's answers with them are refused until it runs."""
     table, bad = st.unverified_configs()
-    plan = json.load(open(CASES9))["cases"]
+    plan = _cases(ROUNDS_RUN + 1)
     pending = {(c["tile"], c["splits"], c["reduction"]) for c in plan if not c.get("tail")}
     assert set(bad.values()) == pending == {(15, 3, 2), (15, 5, 2), (15, 6, 2), (15, 9, 2), (92, 21, 2), (316, 14, 2)}
     planned = {(c["tile"], c["splits"], c["reduction"]) for c in plan}
@@ -135,10 +136,8 @@ def test_cases_are_unverified_configurations_of_the_table():
     # rounds 4 to 9 (cases4.json to cases9.json) hold the configurations that came with later record
     # runs; the split counts of rounds 4 to 8 are verified in the profile now, their tail cuts are
     # not in this one
-    fourth, fifth, sixth, seventh, eighth, ninth = (json.load(open(p))["cases"]
-                                                    for p in (CASES4, CASES5, CASES6, CASES7, CASES8, CASES9))
-    later_split = {(c["tile"], c["splits"], c["reduction"]) for c in ninth if not c.get("tail")}
-    later_tail = {(c["tile"], c["splits"]) for c in fourth + fifth + sixth + seventh + eighth + ninth if c.get("tail")}
+    later_split = {(c["tile"], c["splits"], c["reduction"]) for c in _cases(ROUNDS_RUN + 1) if not c.get("tail")}
+    later_tail = {(c["tile"], c["splits"]) for n in range(4, ROUNDS_RUN + 2) for c in _cases(n) if c.get("tail")}
     assert {k[:3] for k in keys if not k[3]} == set(st.unverified_configs(prof)[1].values())
     assert set(st.unverified_configs(prof)[1].values()) == {(448, 16, 2)} | later_split
     assert {k[:3] for k in keys if k[3]} <= tails
@@ -229,8 +228,7 @@ def test_tail_cuts_seen_are_the_verdicts():
 
     seen = {}
     tail_calls = 0
-    for name in ("verdict-tail.json", "verdict2.json", "verdict3.json", "verdict4.json", "verdict5.json",
-                 "verdict6.json", "verdict7.json", "verdict8.json"):
+    for name in ["verdict-tail.json"] + [f"verdict{n}.json" for n in range(2, ROUNDS_RUN + 1)]:
         for r in _verdict(name)["rows"]:
             if tail_cut(r["K"], r["splits"]):
                 assert r["match"]["profile"], (name, r)
