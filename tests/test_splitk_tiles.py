@@ -73,8 +73,9 @@ def test_covered_k():
     assert covered_k(43536, 17, 128, None) == 43536 and covered_k(43536, 16, 128, tail) == 43536
 
 
-#: the rounds of tiles/ that ran on the H200 (verdict<n>.json, native<n>.npz); the next one is planned (cases<n>.json)
-ROUNDS_RUN = 8
+#: the rounds of tiles/ that ran on the H200 (cases<n>.json, native<n>.npz, verdict<n>.json); no
+#: round is planned: every configuration of the shipped table is verified
+ROUNDS_RUN = 10
 
 
 def _cases(n):
@@ -82,25 +83,19 @@ def _cases(n):
         return json.load(f)["cases"]
 
 
-def test_every_configuration_of_the_table_is_verified_or_planned():
-    """Every (tile, split count) of the shipped complete table is verified on H200 outputs, except
-    the 6 that first came with record runs 26 to 28 (tile 15 with 3, 5, 6 and 9 slices, 92 with 21,
-    316 with 14): those, and the tail cuts not seen yet, are exactly round 9's plan (tiles/cases9.json,
-    not yet run on the H200), and the table's answers with them are refused until it runs."""
+def test_every_configuration_of_the_table_is_verified():
+    """Every (tile, split count) of the shipped complete table is verified on H200 outputs (the 3
+    that record runs 29 and 30 brought by round 10; run 31 brought none), so nothing is left to plan:
+    make_cases finds no case. The counts of 17 or more slices not seen cut are given by the table at
+    no K the tail rule cuts (a K that it cuts would be a case)."""
     table, bad = st.unverified_configs()
-    plan = _cases(ROUNDS_RUN + 1)
-    pending = {(c["tile"], c["splits"], c["reduction"]) for c in plan if not c.get("tail")}
-    assert set(bad.values()) == pending == {(15, 3, 2), (15, 5, 2), (15, 6, 2), (15, 9, 2), (92, 21, 2), (316, 14, 2)}
-    planned = {(c["tile"], c["splits"], c["reduction"]) for c in plan}
-    assert planned == pending | {(92, 19, 2)}
-    assert {(c["tile"], c["splits"], c["reduction"]) for c in st.make_cases(per=1)} == planned
-    # counts of 17 or more slices not seen cut: round 9 plans those the table gives at a K the rule
-    # cuts; the others it gives at no such K
+    assert bad == {}
+    assert st.make_cases(per=1) == []
+    assert not os.path.exists(os.path.join(HERE, "data", "h200-splitk", "tiles", f"cases{ROUNDS_RUN + 1}.json"))
     unseen = set(st.tail_configs(table)[0].values())
-    assert unseen == {(92, 19, 2), (92, 21, 2), (315, 22, 2), (393, 19, 2), (448, 17, 2), (448, 18, 2),
-                      (486, 17, 2), (537, 17, 2)}
-    assert {(c["tile"], c["splits"]) for c in plan if c.get("tail")} == {k[:2] for k in unseen} - {
-        (315, 22), (393, 19), (448, 17), (448, 18), (486, 17), (537, 17)}
+    assert unseen == {(315, 22, 2), (393, 19, 2), (448, 17, 2), (448, 18, 2), (486, 17, 2), (537, 17, 2)}
+    tenth = {(c["tile"], c["splits"], c["reduction"]) for c in _cases(ROUNDS_RUN)}
+    assert tenth == {(15, 10, 2), (315, 16, 2), (317, 8, 2)}
 
 
 def _round3_profile():
@@ -133,13 +128,12 @@ def test_cases_are_unverified_configurations_of_the_table():
     tails = set(st.tail_configs(table, prof)[0].values())
     keys = [(c["tile"], c["splits"], c["reduction"], c.get("tail", False)) for c in cases]
     assert len(keys) == len(set(keys))
-    # rounds 4 to 9 (cases4.json to cases9.json) hold the configurations that came with later record
-    # runs; the split counts of rounds 4 to 8 are verified in the profile now, their tail cuts are
-    # not in this one
-    later_split = {(c["tile"], c["splits"], c["reduction"]) for c in _cases(ROUNDS_RUN + 1) if not c.get("tail")}
-    later_tail = {(c["tile"], c["splits"]) for n in range(4, ROUNDS_RUN + 2) for c in _cases(n) if c.get("tail")}
+    # rounds 4 to 10 (cases4.json to cases10.json) hold the configurations that came with later
+    # record runs; their split counts are verified in the profile now, their tail cuts are not in
+    # this one
+    later_tail = {(c["tile"], c["splits"]) for n in range(4, ROUNDS_RUN + 1) for c in _cases(n) if c.get("tail")}
     assert {k[:3] for k in keys if not k[3]} == set(st.unverified_configs(prof)[1].values())
-    assert set(st.unverified_configs(prof)[1].values()) == {(448, 16, 2)} | later_split
+    assert set(st.unverified_configs(prof)[1].values()) == {(448, 16, 2)}
     assert {k[:3] for k in keys if k[3]} <= tails
     assert {k[:2] for k in keys if k[3]} == ({(10, s) for s in range(17, 26)} | {(393, 17), (393, 18), (448, 19)}
                                              | later_tail)
@@ -193,7 +187,7 @@ def _verdict(name="verdict.json"):
 def test_verified_splits_are_the_verdicts():
     """The profile's verified_splits are the earlier ones plus every (tile, split count) whose H200
     calls all matched the profile's slicing: the first verdict judged again under the tail rule
-    (its 17 misses, and only they, judged again) and the second to eighth verdicts; no count fails."""
+    (its 17 misses, and only they, judged again) and the second to tenth verdicts; no count fails."""
     import cpemu
 
     first, now, second = _verdict(), _verdict("verdict-tail.json"), _verdict("verdict2.json")
@@ -212,17 +206,19 @@ def test_verified_splits_are_the_verdicts():
     assert sixth["cases"] == 251 and sixth["matched"] == 251
     seventh = _verdict("verdict7.json")
     assert seventh["cases"] == 99 and seventh["matched"] == 99
-    eighth = _verdict("verdict8.json")
+    eighth, ninth, tenth = _verdict("verdict8.json"), _verdict("verdict9.json"), _verdict("verdict10.json")
     assert eighth["cases"] == 9 and eighth["matched"] == 9
+    assert ninth["cases"] == 13 and ninth["matched"] == 13
+    assert tenth["cases"] == 4 and tenth["matched"] == 4
     rows = (now["rows"] + second["rows"] + third["rows"] + fourth["rows"] + fifth["rows"] + sixth["rows"]
-            + seventh["rows"] + eighth["rows"])
+            + seventh["rows"] + eighth["rows"] + ninth["rows"] + tenth["rows"])
     assert st.proposed_verified(BEFORE_VERDICT, rows) == par["verified_splits"]
     assert par["verified_splits"]["47"] == 25 and {16, 22} <= set(par["verified_splits"]["448"])
 
 
 def test_tail_cuts_seen_are_the_verdicts():
     """The profile's ``split_k.tail.verified`` is exactly the (tile, count) of the verdicts' calls
-    whose K the tail rule cuts, all of which matched; in rounds 3 to 8 every tail call also told the
+    whose K the tail rule cuts, all of which matched; in rounds 3 to 10 every tail call also told the
     cut from the sum over all of K (the ceil slicing of K did not give the H200's bytes)."""
     import cpemu
 
@@ -238,11 +234,11 @@ def test_tail_cuts_seen_are_the_verdicts():
             if r.get("tail"):
                 assert tail_cut(r["K"], r["splits"]) and r["match"]["ceil"] is False, r
                 tail_calls += 1
-    assert tail_calls == 36 + 18 + 36 + 69 + 20 + 3
+    assert tail_calls == 36 + 18 + 36 + 69 + 20 + 3 + 2
     verified = cpemu.get_profile().split_rule("tensorwise").tail["verified"]
     assert {t: sorted(v) for t, v in seen.items()} == verified
     assert verified == {"10": list(range(17, 26)), "12": list(range(17, 26)), "13": list(range(17, 26)),
-                        "47": list(range(17, 26)), "92": [17, 20, 22], "312": list(range(17, 26)),
+                        "47": list(range(17, 26)), "92": [17, 19, 20, 21, 22], "312": list(range(17, 26)),
                         "313": list(range(17, 26)), "314": list(range(17, 24)), "315": [17, 18, 20, 21, 23], "393": [17, 18, 20],
                         "394": [18, 20], "448": [19, 22]}
 
@@ -260,7 +256,7 @@ def test_verdict_rows_against_the_reference():
     """Judged here again: the reference under the profile's slicing gives the recorded H200 bytes
     (sha256) for a cheap call of each tile, and the kept bytes of the first verdict's misses (tiles
     47, 393 and 448 with 17 or more slices: native-failing.npz) and of later verdicts (native2.npz
-    to native8.npz), which the slicing without the tail rule does not give where the rule cuts K."""
+    to native10.npz), which the slicing without the tail rule does not give where the rule cuts K."""
     first = _verdict("verdict-tail.json")
     failing = np.load(os.path.join(TILES, "native-failing.npz"))
     cheapest = {}
@@ -285,7 +281,9 @@ def test_verdict_rows_against_the_reference():
              5: {21: True, 24: True, 84: True},  # tile 312 with 19 and 24 slices, 313 with 19
              6: {0: False, 39: True, 99: True},  # tile 12 with 5 slices; 12 and 13 with 17
              7: {0: False, 39: True, 42: True},  # tile 92 with 2 slices; 313 with 24 and 25
-             8: {1: False, 4: True}}  # tile 92 with 17 slices where the rule does not cut K and where it does
+             8: {1: False, 4: True},  # tile 92 with 17 slices where the rule does not cut K and where it does
+             9: {8: True, 9: False},  # tile 92 with 19 slices where the rule cuts K; 92 with 21 where it does not
+             10: {0: False}}  # tile 15 with 10 slices
     for n, rows in later.items():
         doc = _verdict(f"verdict{n}.json")
         native = np.load(os.path.join(TILES, f"native{n}.npz"))
