@@ -122,7 +122,14 @@ def make_cases(per: int, profile_name="hopper-h200-torch"):
     ks = table.meta["k0"] + table.meta["k_step"] * np.arange(table.meta["nk"])
     best = {}  # (tile, s, red, tail) -> {(M, N): (cost, K, combo)}
     ids, tail_ids = np.array(sorted(bad)), np.array(sorted(tails))
-    for p, key in enumerate(table.pairs.tolist()):
+    # only pairs whose runs name one of those ids in some combination can hold one (a column takes its
+    # ids from its own runs and its base's): the others need no decoding
+    wanted = np.union1d(ids, tail_ids)
+    held = set()
+    for off, _, cfg in table.runs.values():
+        held.update((np.searchsorted(off, np.nonzero(np.isin(cfg, wanted))[0], side="right") - 1).tolist())
+    for p in sorted(held):
+        key = int(table.pairs[p])
         M, N = key >> 20, key & 0xFFFFF
         for combo, j in table.combo.items():
             col = table.column(p, j)
