@@ -88,6 +88,9 @@ typedef unsigned long long cpt_u64;
 #ifndef CPT_EMAX_UNROLL
 #define CPT_EMAX_UNROLL 2  // unrolling of pass 1's bf16 loop, in pairs of K elements
 #endif
+#ifndef CPT_FIXED_L
+#define CPT_FIXED_L 0  // > 0 (measurement builds): steps of this klen run passes compiled for it (loops unrolled)
+#endif
 #ifndef CPT_PREDECODE
 #define CPT_PREDECODE 0  // 1: stages copied (cp.async, two buffers) from images decoded once per call (cuda-rzacc)
 #endif
@@ -619,7 +622,11 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
 #if CPT_PASS1_MMA
             cpt_emax_mma(st, sp.emx, ty, tx, kofs, klen, acc, em);
 #else
-            cpt_emax_bf16(st, ty, tx, kofs, klen, acc, em);
+            if (CPT_FIXED_L > 0 && klen == CPT_FIXED_L) {
+                cpt_emax_bf16<CPT_FIXED_L>(st, ty, tx, kofs, klen, acc, em);
+            } else {
+                cpt_emax_bf16<0>(st, ty, tx, kofs, klen, acc, em);
+            }
 #endif
 #if CPT_PROBE_MMA > 0
             {  // the cost of issuing tensor-core instructions at all (benchmarks/README.md, "Any
@@ -642,7 +649,13 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
 #endif
 #endif  // CPT_EPROD
 #if CPT_RZACC
-        cpt_sum_rzacc(st, ty, tx, kofs, klen, acc, em, F, cpt_lambda_min(a_fmt) + cpt_lambda_min(b_fmt), rmask, acc);
+        if (CPT_FIXED_L > 0 && klen == CPT_FIXED_L) {
+            cpt_sum_rzacc<CPT_FIXED_L>(st, ty, tx, kofs, klen, acc, em, F, cpt_lambda_min(a_fmt) + cpt_lambda_min(b_fmt),
+                                       rmask, acc);
+        } else {
+            cpt_sum_rzacc<0>(st, ty, tx, kofs, klen, acc, em, F, cpt_lambda_min(a_fmt) + cpt_lambda_min(b_fmt), rmask,
+                             acc);
+        }
 #else
         if (fast) {
             cpt_sum_fast(st, ty, tx, klen, acc, em, F, rmask, acc);

@@ -118,14 +118,17 @@ __device__ __forceinline__ void cpt_emax_tile_mma(const cpt_u32 (&xa)[CPT_KT / 2
 // [2**(8 (E_max - 2)), 2**(8 (E_max - 2) + 4.1)), so floor(log2 X) / 8 rounded down is
 // E_max - 2 exactly (8 > 4.1). e4m3 products have E in [-12, 16]: every X stays a normal bf16
 // (2**-112 to 2**117). Zero, NaN and Inf codes contribute 0.
-__device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx, int kofs, int klen,
+// KL > 0: klen == KL, known at compile time (the loop unrolled in full; CPT_FIXED_L)
+template <int KL>
+__device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx, int kofs, int klen_,
                                               const float (&acc)[CPT_TM][CPT_TN], int (&em)[CPT_TM][CPT_TN]) {
+    const int klen = KL > 0 ? KL : klen_;
     cpt_u32 X[CPT_TM][CPT_TN];
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
         for (int j = 0; j < CPT_TN; ++j) X[i][j] = 0u;
-    CPT_STEP_LOOP(q, klen / 2, 1, CPT_UNROLL(CPT_EMAX_UNROLL)) {
+    CPT_STEP_LOOP(q, klen / 2, 1, CPT_UNROLL(KL > 0 ? KL / 2 : CPT_EMAX_UNROLL)) {
         cpt_u32 xa[CPT_TM], xb[CPT_TN];
         cpt_load_words(&sh.a.x2[kofs / 2 + q][ty * CPT_TM], xa);
         cpt_load_words(&sh.b.x2[kofs / 2 + q][tx * CPT_TN], xb);

@@ -43,9 +43,11 @@ __device__ __forceinline__ void cpt_load_vs(const CptTile<R>& t, int kk, int r0,
 // bits and summed by dp4a (128 per counted product). The count is added to X's bit pattern (one
 // ulp each), X - B is exact (Sterbenz), and clearing the low 23 - R bits rounds it toward zero to
 // R fraction bits. cpemu/rzacc_twin.py is this arithmetic in numpy, with these claims asserted.
-__device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx, int kofs, int klen,
+template <int KL>  // KL > 0: klen == KL, known at compile time (CPT_FIXED_L)
+__device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx, int kofs, int klen_,
                                               const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
                                               int F, int lmin, cpt_u32 rmask, float (&out)[CPT_TM][CPT_TN]) {
+    const int klen = KL > 0 ? KL : klen_;
     float X[CPT_TM][CPT_TN];     // the biased accumulator
     cpt_u32 T4[CPT_TM][CPT_TN];  // T in every byte
     cpt_u32 cnt[CPT_TM][CPT_TN]; // 128 * the products to move up by one unit
@@ -66,7 +68,7 @@ __device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx
             T4[i][j] = (cpt_u32)(min(max(g - 1 - lmin, -1), 62) + 2) * 0x01010101u;
             cnt[i][j] = 0u;
         }
-    CPT_STEP_LOOP(kk, klen, 4, CPT_UNROLL(CPT_SUM_UNROLL)) {  // words of 4 codes; klen is a multiple of 8
+    CPT_STEP_LOOP(kk, klen, 4, CPT_UNROLL(KL > 0 ? KL / 4 : CPT_SUM_UNROLL)) {  // words of 4 codes; klen is a multiple of 8
         float va[4][CPT_TM], vb[4][CPT_TN];
         cpt_u32 la[CPT_TM], lb[CPT_TN], sa[CPT_TM], sb[CPT_TN];
 #pragma unroll

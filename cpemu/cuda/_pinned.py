@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "22e720f7a56bd3d7564cfdaa15d53adf9eb2a372fdb6a4ad2f45abd0f7a835f3"
+MANIFEST_SHA256 = "049615324b6b5ca3c27d4f12ae6fa1976df2c40be16b6cd6c514e9fec1cdf7de"
