@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Record everything cpemu learns from a GPU in one go: truth suites, torch's argument
 # checks, and cuBLASLt's heuristic choices (query + torch's own calls, logged).
-#   tools/gpu_campaign.sh OUTDIR [step ...]     steps: truth truth2 errors heur splitk
+#   tools/gpu_campaign.sh OUTDIR [step ...]     steps: truth truth2 errors heur splitk tiles complete
+#   tiles:    the planned round of tests/data/h200-splitk/tiles (the newest cases<n>.json without native<n>.npz)
+#   complete: continues the complete split-K record for RECORD_SECONDS (default 540) with one worker per core
+#             (RECORD_JOBS), skipping the shipped table's pairs; runs beside the steps after it
+#             (tests/data/h200-splitk/complete/README.md says how to merge)
 # Writes OUTDIR/campaign.tar.gz (all results) and OUTDIR/campaign.log.
 set -u
 OUTDIR=${1:?usage: gpu_campaign.sh OUTDIR [steps]}
@@ -14,8 +18,23 @@ mkdir -p "$OUTDIR" "$W/res"
 export PYTHONUNBUFFERED=1
 step() { echo "=== $* ($(date +%T))" | tee -a "$LOG"; "$@" >>"$LOG" 2>&1; echo "=== rc=$? ($(date +%T))" | tee -a "$LOG"; }
 nvidia-smi >>"$LOG" 2>&1
+REC_PID=
 for s in $STEPS; do
   case $s in
+    complete)
+      echo "=== complete record for ${RECORD_SECONDS:-540} s ($(date +%T))" | tee -a "$LOG"
+      $PY -m cpemu.recording.splitk_enum run --dir "$W/res/rec" --jobs "${RECORD_JOBS:-$(nproc)}" \
+        --seconds "${RECORD_SECONDS:-540}" --table cpemu/profile_data/hopper-h200-torch.splitk-complete.npz \
+        >>"$W/res/enum.log" 2>&1 &
+      REC_PID=$! ;;
+    tiles)
+      T=tests/data/h200-splitk/tiles
+      n=$(ls $T | sed -n 's/^cases\([0-9][0-9]*\)\.json$/\1/p' | sort -n | tail -1)
+      if [ -n "$n" ] && [ ! -e "$T/native$n.npz" ]; then
+        step $PY tools/splitk_tiles.py native --cases "$T/cases$n.json" --out "$W/res/native$n.npz"
+      else
+        echo "=== tiles: no planned round" | tee -a "$LOG"
+      fi ;;
     truth)
       step $PY tools/record_truth.py record --out "$W/res/truth" ;;
     errors)
@@ -45,5 +64,6 @@ PYEOF
       step $H torch-log --grid dense-splitk --every 7 --out "$W/res/torchlog_dense.json" ;;
   esac
 done
+if [ -n "$REC_PID" ]; then wait "$REC_PID"; echo "=== complete record rc=$? ($(date +%T))" | tee -a "$LOG"; fi
 tar -C "$W/res" -czf "$OUTDIR/campaign.tar.gz" .
 ls -la "$OUTDIR" | tee -a "$LOG"
