@@ -68,3 +68,19 @@ def test_check_counts_and_exit_rows():
     assert sum(res["total"].values()) == 300 and res["total"].get("agree", 0) > 150
     assert not any(d["K"] <= 5120 for d in res["disagreements"])
     assert all(k == "agree" or k.startswith("refused:") or k == "disagree" for k in res["total"])
+
+
+def test_refusals_count_without_the_heuristic():
+    """--no-heuristic counts what the profile answers and refuses on a draw, without judging: an unsplit
+    shape and a recorded split pair are answered, an unrecorded split pair is refused as unrecorded;
+    on a draw every shape lands in exactly one count, and the split region holds every refusal for an
+    unrecorded pair."""
+    cs = hd.combos("all")
+    j = next(i for i, c in enumerate(cs) if (c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"], c["bias"],
+                                              c["scale_mode"]) == ("e4m3", "e4m3", "bfloat16", True, False, "tensorwise"))
+    res = hd.refusals([(64, 4096, 4096, j), (1, 1536, 7168, j), (*UNRECORDED, j)], PROFILE)
+    assert res["counts"] == {"unsplit": {"answered": 1}, "split": {"answered": 1, "refused:unrecorded": 1}}
+    items = hd.draw(300, 3, PROFILE, split_share=0.3)
+    res = hd.merge_results([hd.refusals(items, PROFILE)])
+    assert sum(res["total"].values()) == 300 and res["total"]["answered"] > 150
+    assert "refused:unrecorded" not in res["counts"]["unsplit"]

@@ -7,6 +7,9 @@ and compares its split count with the profile's plan. Writes the counts (agree, 
 disagree; per region) and every disagreement as JSON; exit status 1 on any disagreement.
 
     python tools/splitk_heldout.py --shapes 200000 --seed 11 --jobs 16 --out heldout.json
+
+``--no-heuristic`` (any machine, no GPU) draws the same shapes and counts only what the profile answers and
+what it refuses, by reason: how much of a fresh draw a table still leaves open. It checks no answer.
 """
 
 from __future__ import annotations
@@ -87,6 +90,29 @@ def check(items, ask, profile) -> dict:
     return {"counts": {k: dict(v) for k, v in counts.items()}, "disagreements": bad, "refused_sample": refused}
 
 
+def refusals(items, profile) -> dict:
+    """Per region, how many of ``items`` the profile answers (``answered``) and refuses (``refused:<reason>``);
+    no heuristic is asked, so nothing is judged."""
+    cs = combos("all")
+    bound = profile.data["modes"]["tensorwise"]["split_k"]["params"]["bound"]
+    counts = {"split": Counter(), "unsplit": Counter()}
+    for M, N, K, j in items:
+        c = cs[j]
+        bias = c["out_dtype"] if c["bias"] else None
+        try:
+            profile.call(M, N, K, c["a_dtype"], c["b_dtype"], c["out_dtype"], c["scale_mode"], c["fast_accum"], bias)
+            verdict = "answered"
+        except UnsupportedShape as e:
+            verdict = f"refused:{e.reason}"
+        counts["split" if split_bound(bound, M, N, K) >= 2 else "unsplit"][verdict] += 1
+    return {"counts": {k: dict(v) for k, v in counts.items()}, "disagreements": [], "refused_sample": []}
+
+
+def _refusals_worker(args):
+    items, profile_name = args
+    return refusals(items, cpemu.get_profile(profile_name))
+
+
 def _worker(args):
     items, profile_name, ws = args
     from cpemu.recording.splitk_query import LeanQuerier
@@ -118,12 +144,25 @@ def merge_results(parts: list[dict]) -> dict:
 @click.option("--jobs", type=int, default=16, show_default=True)
 @click.option("--profile", "profile_name", default=cpemu.DEFAULT_PROFILE, show_default=True)
 @click.option("--out", "out_path", required=True)
-def main(n, seed, split_share, jobs, profile_name, out_path):
+@click.option("--no-heuristic", is_flag=True,
+              help="no GPU: count what the profile answers and refuses on the same draw, judge nothing")
+def main(n, seed, split_share, jobs, profile_name, out_path, no_heuristic):
+    profile = cpemu.get_profile(profile_name)
+    items = draw(n, seed, profile, split_share)
+    if no_heuristic:
+        t0 = time.time()
+        with mp.get_context("spawn").Pool(jobs) as pool:
+            doc = merge_results(pool.map(_refusals_worker, [(items[w::jobs], profile_name) for w in range(jobs)]))
+        del doc["disagreements"], doc["refused_sample"]
+        doc.update(shapes=n, seed=seed, split_share=split_share, profile=profile_name, heuristic=False,
+                   seconds=round(time.time() - t0, 1), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        with open(out_path, "w") as f:
+            json.dump(doc, f, indent=1)
+        click.echo(f"{n} shapes (no heuristic asked): {doc['total']}")
+        return
     from cpemu.recording.splitk_query import probe_workspace, runtime_info
     from cpemu.recording import cublaslt_heuristic as ch
 
-    profile = cpemu.get_profile(profile_name)
-    items = draw(n, seed, profile, split_share)
     ws, src = probe_workspace()
     t0 = time.time()
     with mp.get_context("spawn").Pool(jobs) as pool:
