@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-from .splitk_complete import lookup
+from .splitk_complete import load_complete, lookup
 
 __all__ = ["UnsupportedShape", "SplitKRule", "covered_k", "split_bound", "splits_from_rule", "load_table", "combo_key",
            "no_algorithm", "split_verified"]
@@ -141,6 +141,17 @@ def _verified(params: dict, config: dict, M: int, N: int, K: int, key: str, tail
         "unverified-split")
 
 
+def _beyond_complete(params: dict, base_dir: str | None, N: int, K: int) -> str:
+    """Where N or K lies beyond the complete table's plan: a clause that says so (else "")."""
+    if "complete_file" not in params:
+        return ""
+    meta = load_complete(params["complete_file"], base_dir).meta
+    n_max, k_max = meta["n_max"], meta["k0"] + meta["k_step"] * (meta["nk"] - 1)
+    if N <= n_max and K <= k_max:
+        return ""
+    return f" (the complete table's plan holds N <= {n_max} and K <= {k_max} only)"
+
+
 def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, combo: tuple,
                      base_dir: str | None = None, tail: dict | None = None, granularity: int = 128) -> int:
     u = split_bound(params["bound"], M, N, K)
@@ -157,7 +168,8 @@ def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, com
     if s is None:
         raise UnsupportedShape(
             f"cuBLASLt may split K for M={M}, N={N}, K={K} ({key}): up to {u} slices fit the K and workspace "
-            f"bounds, and this shape's split-K count is not in the profile's recorded tables; record it on the "
+            f"bounds, and this shape's split-K count is not in the profile's recorded tables"
+            f"{_beyond_complete(params, base_dir, N, K)}; record it on the "
             f"GPU with python -m cpemu.recording.splitk_enum, or state the count with cpemu.gemm(..., split_k=s) "
             f"(cpemu does not guess)", "unrecorded")
     if s == "x":

@@ -206,8 +206,14 @@ def test_domain_edges():
     with pytest.raises(UnsupportedShape, match=r"up to 4 slices fit the K and workspace bounds.*not in the "
                                                r"profile's recorded tables"):
         p.plan(2000, 16, 65536, True)  # open (u = 4), M = 2000 not recorded yet
-    with pytest.raises(UnsupportedShape, match="not in the profile's recorded tables"):
+    with pytest.raises(UnsupportedShape, match=r"not in the profile's recorded tables \(the complete table's plan "
+                                               r"holds N <= 65536 and K <= 65536 only\)"):
         p.plan(1, 16, 65552, True)  # K beyond the complete record's grid
+    with pytest.raises(UnsupportedShape, match=r"plan holds N <= 65536 and K <= 65536 only"):
+        p.plan(1, 65552, 6144, True)  # N beyond it
+    with pytest.raises(UnsupportedShape) as e:
+        p.plan(2000, 16, 65536, True)
+    assert "plan holds" not in str(e.value)  # inside the plan: only not recorded yet
 
 
 
