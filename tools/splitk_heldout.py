@@ -49,15 +49,20 @@ def draw(n: int, seed: int, profile, split_share: float = 0.3) -> list[tuple]:
     return out
 
 
+def _plan(profile, M: int, N: int, K: int, combo: dict):
+    """The profile's call for one shape and option combination (raises UnsupportedShape where it refuses)."""
+    bias = combo["out_dtype"] if combo["bias"] else None
+    return profile.call(M, N, K, combo["a_dtype"], combo["b_dtype"], combo["out_dtype"], combo["scale_mode"],
+                        combo["fast_accum"], bias)
+
+
 def judge(profile, M: int, N: int, K: int, combo: dict, answer) -> tuple[str, str | None]:
     """("agree" | "refused" | "disagree", detail) of the profile against one heuristic ``answer``
     (a FIELDS tuple, or None where the heuristic has no algorithm and torch raises)."""
     from cpemu.recording.splitk_query import SPLITK
 
-    bias = combo["out_dtype"] if combo["bias"] else None
     try:
-        call = profile.call(M, N, K, combo["a_dtype"], combo["b_dtype"], combo["out_dtype"], combo["scale_mode"],
-                            combo["fast_accum"], bias)
+        call = _plan(profile, M, N, K, combo)
     except UnsupportedShape as e:
         if answer is None:
             return "agree", "both refuse"
@@ -97,10 +102,8 @@ def refusals(items, profile) -> dict:
     bound = profile.data["modes"]["tensorwise"]["split_k"]["params"]["bound"]
     counts = {"split": Counter(), "unsplit": Counter()}
     for M, N, K, j in items:
-        c = cs[j]
-        bias = c["out_dtype"] if c["bias"] else None
         try:
-            profile.call(M, N, K, c["a_dtype"], c["b_dtype"], c["out_dtype"], c["scale_mode"], c["fast_accum"], bias)
+            _plan(profile, M, N, K, cs[j])
             verdict = "answered"
         except UnsupportedShape as e:
             verdict = f"refused:{e.reason}"
