@@ -190,24 +190,3 @@ def test_rzacc_pre_ceiling_records():
                 rate["gemm_rzacc_pre:CPT_PROBE_SKIP=3"]
             assert exact < no_pass1 < goal < both, (profile, r["shape"], r["data"], rate)
 
-
-def test_rzacc_pre_fixed_l_records():
-    """gemm_rzacc_pre against builds whose step loops are unrolled in full for the profile's L
-    (CPT_FIXED_L), at 3 and 2 blocks per SM, timed in one run per profile at M = 2048: every build gives
-    the exact build's bytes, and on the shapes whose exact windows were steady (40B on hopper, 7B on
-    ada) no unrolled build is faster (docs/design-notes.md: full unrolling does not pay)."""
-    for profile, L, steady in (("hopper-h200-torch", 32, "evo2-40b"), ("ada-rtx4060-torch", 16, "evo2-7b")):
-        with open(os.path.join(HERE, "..", "benchmarks", "h200-geometry",
-                               f"h200_rzacc_pre_fixed_l_{profile}.json")) as f:
-            rec = json.load(f)
-        assert rec["profile"] == profile and not rec["failures"]
-        labels = ["gemm_rzacc_pre", f"gemm_rzacc_pre:CPT_FIXED_L={L}", f"gemm_rzacc_pre:CPT_FIXED_L={L},CPT_MINBLOCKS=2"]
-        seen = set()
-        for r in rec["results"]:
-            assert r["M"] == 2048 and r["same_bits"] and [b["label"] for b in r["builds"]] == labels
-            assert len({b["output_sha256"] for b in r["builds"]}) == 1 and not any(b["probe"] for b in r["builds"])
-            if r["shape"] == steady:
-                ms = [b["ms"] for b in r["builds"]]
-                assert ms[0] < min(ms[1:]), (profile, ms)
-                seen.add(profile)
-        assert seen == {profile}
