@@ -9,7 +9,8 @@ A profile's ``split_k`` section says, from recorded cuBLASLt heuristic answers:
   cuBLASLt workspace). Where ``u <= 1`` nothing splits. Elsewhere the answer is read from
   the point table (``params["table_file"]``), else from the complete table
   (``params["complete_file"]``, every K of a recorded (M, N) pair, see
-  :mod:`cpemu.splitk_complete`), else the shape is refused with :class:`UnsupportedShape`:
+  :mod:`cpemu.splitk_complete`; a list of such tables, each of its own range of N and K, is
+  read in its order), else the shape is refused with :class:`UnsupportedShape`:
   cpemu does not guess. A complete-table answer is used only where its split count was verified
   for its tile (``params["verified_splits"]``: a largest count, or a list of counts).
 
@@ -28,7 +29,7 @@ from importlib import resources
 from .splitk_complete import load_complete, lookup
 
 __all__ = ["UnsupportedShape", "SplitKRule", "covered_k", "split_bound", "splits_from_rule", "load_table", "combo_key",
-           "no_algorithm", "split_verified"]
+           "no_algorithm", "split_verified", "complete_names"]
 
 
 class UnsupportedShape(ValueError):
@@ -141,15 +142,27 @@ def _verified(params: dict, config: dict, M: int, N: int, K: int, key: str, tail
         "unverified-split")
 
 
+def complete_names(params: dict) -> list[str]:
+    """The complete tables of a split rule's params, in the order they are read (``complete_file``:
+    one name or a list)."""
+    names = params.get("complete_file", [])
+    return [names] if isinstance(names, str) else list(names)
+
+
+def _ranges(meta: dict) -> tuple[int, int, int, int]:
+    """(n_min, n_max, k_min, k_max) of a complete table's plan."""
+    return meta.get("n_min", 16), meta["n_max"], meta["k0"], meta["k0"] + meta["k_step"] * (meta["nk"] - 1)
+
+
 def _beyond_complete(params: dict, base_dir: str | None, N: int, K: int) -> str:
-    """Where N or K lies beyond the complete table's plan: a clause that says so (else "")."""
-    if "complete_file" not in params:
+    """Where (N, K) lies in no complete table's plan: a clause that says so (else "")."""
+    ranges = [_ranges(load_complete(name, base_dir).meta) for name in complete_names(params)]
+    if not ranges or any(n0 <= N <= n1 and k0 <= K <= k1 for n0, n1, k0, k1 in ranges):
         return ""
-    meta = load_complete(params["complete_file"], base_dir).meta
-    n_max, k_max = meta["n_max"], meta["k0"] + meta["k_step"] * (meta["nk"] - 1)
-    if N <= n_max and K <= k_max:
-        return ""
-    return f" (the complete table's plan holds N <= {n_max} and K <= {k_max} only)"
+    if len(ranges) == 1:
+        return f" (the complete table's plan holds N <= {ranges[0][1]} and K <= {ranges[0][3]} only)"
+    held = "; ".join(f"N {n0}..{n1} with K {k0}..{k1}" for n0, n1, k0, k1 in ranges)
+    return f" (the complete tables' plans hold {held} only)"
 
 
 def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, combo: tuple,
@@ -161,10 +174,12 @@ def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, com
     key = combo_key(a_format, b_format, out_dtype, fast_accum)
     ch = _from_points(params, M, N, K, key, base_dir)
     s = "x" if ch == "x" else (None if ch == "?" else int(ch, 36))
-    if s is None and "complete_file" in params:
-        s = lookup(params["complete_file"], base_dir, M, N, K, key)
-        if isinstance(s, dict):
-            s = _verified(params, s, M, N, K, key, tail, granularity)
+    for name in complete_names(params) if s is None else ():
+        s = lookup(name, base_dir, M, N, K, key)
+        if s is not None:
+            break
+    if isinstance(s, dict):
+        s = _verified(params, s, M, N, K, key, tail, granularity)
     if s is None:
         raise UnsupportedShape(
             f"cuBLASLt may split K for M={M}, N={N}, K={K} ({key}): up to {u} slices fit the K and workspace "

@@ -9,8 +9,10 @@ shipped complete table.
 
 import json
 import os
+import re
 import tarfile
 
+import click
 import numpy as np
 import pytest
 
@@ -744,3 +746,93 @@ def test_workers_spread_over_the_visible_gpus(monkeypatch):
     assert se.worker_gpu(4, ["0"]) is None and se.worker_gpu(0, []) is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert se.visible_gpus() == []
+
+
+def _record_table(tmp_path, name, plan, ask=_fake):
+    """A record of ``plan`` asked of ``ask`` by one worker, merged into ``tmp_path/name``."""
+    rec = str(tmp_path / f"rec-{name}")
+    se._start(rec, plan)
+    se.run_worker(rec, 0, 1, ask)
+    assert se.status(rec)["pairs_done"] == len(se.open_pairs(plan)) > 0
+    se.merge(rec, str(tmp_path / name))
+    return rec
+
+
+def test_ranges_beside_the_default_plan_are_tables_of_their_own(tmp_path):
+    """K above the default plan's (``--k-min``) and N above it (``--n-min``) are recorded as plans of
+    their own, merged into tables of their own; a profile listing the tables in ``complete_file``
+    answers from each in its range, and names every range where a shape lies in none."""
+    base = _small_plan()
+    high_k = se.default_plan(n_max=64, k_max=7680, k_step=16, bound=base["bound"], k_min=6416)
+    high_n = se.default_plan(n_max=128, k_max=6400, k_step=16, bound=base["bound"], n_min=80)
+    assert high_k["k0"] == 6416 and "n_min" not in high_k and high_n["n_min"] == 80 and "n_min" not in base
+    assert se.open_pairs(high_k) == se.open_pairs(base)
+    assert {N for _, N in se.open_pairs(high_n)} == set(range(80, 129, 16))
+    for name, plan in (("a.npz", base), ("b.npz", high_k), ("c.npz", high_n)):
+        rec = _record_table(tmp_path, name, plan)
+    meta = load_complete("c.npz", str(tmp_path)).meta
+    assert meta["n_min"] == 80 and meta["n_max"] == 128
+    # a record of one range does not merge into the table of another
+    with pytest.raises(click.ClickException, match="is a table of another plan"):
+        se.merge(rec, str(tmp_path / "x.npz"), base=str(tmp_path / "a.npz"))
+    rule = SplitKRule("rule", domain={"M": [1, 4096], "N": [16, 128], "K": [16, 7680]},
+                      params={"bound": base["bound"], "complete_file": ["a.npz", "b.npz", "c.npz"]},
+                      base_dir=str(tmp_path))
+    checked = 0
+    for plan in (base, high_k, high_n):
+        for M, N in se.open_pairs(plan)[::5]:
+            for K in se.k_grid(plan)[::7]:
+                c = plan["combos"][(M + K // 16) % len(plan["combos"])]
+                combo = (c["a_dtype"], c["b_dtype"], c["out_dtype"])
+                want = _fake(M, N, K, c)
+                if want is None:
+                    with pytest.raises(UnsupportedShape, match="no algorithm"):
+                        rule.splits(M, N, K, c["fast_accum"], combo)
+                else:
+                    assert rule.splits(M, N, K, c["fast_accum"], combo) == want[4], (M, N, K)
+                checked += 1
+    assert checked > 300
+    with pytest.raises(UnsupportedShape, match=r"the complete tables' plans hold N 16\.\.64 with K 5136\.\.6400; "
+                                               r"N 16\.\.64 with K 6416\.\.7680; N 80\.\.128 with K 5136\.\.6400 only"):
+        rule.splits(1, 96, 7040, True)  # N of the third range, K of the second: in no table
+    one = SplitKRule("rule", domain=rule.domain, params={"bound": base["bound"], "complete_file": "a.npz"},
+                     base_dir=str(tmp_path))
+    with pytest.raises(UnsupportedShape, match=r"the complete table's plan holds N <= 64 and K <= 6400 only"):
+        one.splits(1, 16, 7040, True)
+
+
+def test_plan_ranges_are_checked(tmp_path):
+    """A plan's n_min and the run command's --n-min and --k-min name their rule when wrong."""
+    from click.testing import CliRunner
+
+    rec = str(tmp_path / "rec")
+    os.makedirs(rec)
+    for bad in (24, 8, 80):
+        plan = dict(_small_plan(), n_min=bad)
+        with open(os.path.join(rec, "plan.json"), "w") as f:
+            json.dump(plan, f)
+        with pytest.raises(click.ClickException, match=r"n_min must be a multiple of 16 from 16 to n_max = 64"):
+            se.load_plan(rec)
+    runner = CliRunner()
+    for args, want in ((["--k-min", "6400"], "--k-min.*16 above a multiple of 128"),
+                       (["--k-min", "70032", "--k-max", "65536"], "--k-min.*at most --k-max = 65536"),
+                       (["--n-min", "72"], "--n-min.*multiple of 16"),
+                       (["--n-min", "65552"], "--n-min.*at most --n-max = 65536")):
+        r = runner.invoke(se.cli, ["run", "--dir", str(tmp_path / "r2"), *args])
+        assert r.exit_code == 2 and re.search(want, " ".join(r.output.split())), (args, r.output)
+        assert not os.path.exists(tmp_path / "r2" / "plan.json")
+
+
+def test_profile_schema_takes_a_list_of_complete_tables():
+    import copy
+
+    from cpemu.profile import check_schema
+
+    data = copy.deepcopy(cpemu.get_profile().data)
+    par = data["modes"]["tensorwise"]["split_k"]["params"]
+    par["complete_file"] = [par["complete_file"], "hopper-h200-torch.splitk-complete-k131072.npz"]
+    check_schema(data, "profile", "x.json", "profile")
+    for bad in ([], ["a.npz", "a.npz"], [3]):
+        par["complete_file"] = bad
+        with pytest.raises(ValueError, match=r"complete_file"):
+            check_schema(data, "profile", "x.json", "profile")

@@ -73,9 +73,9 @@ def test_covered_k():
     assert covered_k(43536, 17, 128, None) == 43536 and covered_k(43536, 16, 128, tail) == 43536
 
 
-#: the rounds of tiles/ that ran on the H200 (cases<n>.json, native<n>.npz, verdict<n>.json); round
-#: 15 (cases15.json) is planned, not run
-ROUNDS_RUN = 14
+#: the rounds of tiles/ that ran on the H200 (cases<n>.json, native<n>.npz, verdict<n>.json); none is
+#: planned (every configuration of the table is verified)
+ROUNDS_RUN = 15
 
 
 def _cases(n):
@@ -83,35 +83,42 @@ def _cases(n):
         return json.load(f)["cases"]
 
 
-def test_configurations_not_yet_verified_are_planned_and_refused():
-    """Record run 40 brought one (tile, split count) pair the GPU has not checked: tile 48 with 4
-    slices. Every other pair of the shipped table is verified (the last ones by rounds 12 to 14). It is
-    refused until round 15 checks it: cases15.json is exactly what make_cases plans (no tail: 4 slices
-    are below the tail rule's 17). The counts of 17 or more slices not seen cut are given by the table at
-    no K the tail rule cuts."""
+def test_every_configuration_of_the_table_is_verified_and_answered():
+    """Every (tile, split count) of the shipped table is verified: the last ones came with record runs
+    34 to 40 and were checked by rounds 12 to 15, so make_cases plans nothing more. The calls of those
+    rounds are answered with their split count; without round 15's count in the profile (tile 48 with 4
+    slices) its calls are refused as unverified. The counts of 17 or more slices not seen cut are given
+    by the table at no K the tail rule cuts."""
+    import copy
+
     import cpemu
+    from cpemu.profile import Profile
     from cpemu.schedule import UnsupportedShape
 
     table, bad = st.unverified_configs()
-    new = {(48, 4, 2)}
-    assert set(bad.values()) == new
-    planned = _cases(ROUNDS_RUN + 1)
-    assert st.make_cases(per=3) == planned
-    assert {(c["tile"], c["splits"], c["reduction"]) for c in planned} == new
-    assert not any(c.get("tail") for c in planned)
+    assert bad == {} and st.make_cases(per=3) == []
+    assert not os.path.exists(os.path.join(TILES, f"cases{ROUNDS_RUN + 1}.json"))
     unseen = set(st.tail_configs(table)[0].values())
     assert unseen == {(315, 19, 2), (393, 19, 2), (448, 17, 2), (448, 18, 2), (486, 17, 2), (537, 17, 2)}
-    twelfth = {(c["tile"], c["splits"], c["reduction"]) for c in _cases(ROUNDS_RUN - 2)}
-    assert twelfth == {(14, 19, 2), (14, 20, 2), (14, 21, 2), (48, 10, 2), (48, 17, 2), (48, 18, 2), (48, 19, 2),
-                       (48, 20, 2), (48, 21, 2)}
-    thirteenth = {(c["tile"], c["splits"], c["reduction"]) for c in _cases(ROUNDS_RUN - 1)}
-    assert thirteenth == {(48, 5, 2), (48, 6, 2)}
-    fourteenth = {(c["tile"], c["splits"], c["reduction"]) for c in _cases(ROUNDS_RUN)}
-    assert fourteenth == {(48, 3, 2)}
-    for c in planned:
+    rounds = {12: {(14, 19, 2), (14, 20, 2), (14, 21, 2), (48, 10, 2), (48, 17, 2), (48, 18, 2), (48, 19, 2),
+                   (48, 20, 2), (48, 21, 2)},
+              13: {(48, 5, 2), (48, 6, 2)}, 14: {(48, 3, 2)}, 15: {(48, 4, 2)}}
+    assert max(rounds) == ROUNDS_RUN
+    for n, want in rounds.items():
+        cases = _cases(n)
+        assert {(c["tile"], c["splits"], c["reduction"]) for c in cases} == want, n
+        for c in cases:
+            fa, fb, out, fast = c["combo"].split(",")
+            assert cpemu.get_profile().call(c["M"], c["N"], c["K"], fa, fb, out,
+                                            fast_accum=fast == "fast").plan.splits == c["splits"], c
+    data = copy.deepcopy(cpemu.get_profile().data)
+    v = data["modes"]["tensorwise"]["split_k"]["params"]["verified_splits"]
+    v["48"] = [s for s in v["48"] if s != 4]
+    before = Profile("before-round-15", data)
+    for c in _cases(15):
         fa, fb, out, fast = c["combo"].split(",")
         with pytest.raises(UnsupportedShape) as e:
-            cpemu.get_profile().call(c["M"], c["N"], c["K"], fa, fb, out, fast_accum=fast == "fast")
+            before.call(c["M"], c["N"], c["K"], fa, fb, out, fast_accum=fast == "fast")
         assert e.value.reason == "unverified-split", c
 
 
@@ -208,7 +215,7 @@ def _verdict(name="verdict.json"):
 def test_verified_splits_are_the_verdicts():
     """The profile's verified_splits are the earlier ones plus every (tile, split count) whose H200
     calls all matched the profile's slicing: the first verdict judged again under the tail rule
-    (its 17 misses, and only they, judged again) and the second to fourteenth verdicts; no count fails."""
+    (its 17 misses, and only they, judged again) and the second to fifteenth verdicts; no count fails."""
     import cpemu
 
     first, now = _verdict(), _verdict("verdict-tail.json")
@@ -220,7 +227,7 @@ def test_verified_splits_are_the_verdicts():
         {i for i, r in enumerate(first["rows"]) if not r["match"]["profile"]}
     rows = now["rows"]
     # the calls of each later round, every one of which matched
-    calls = {2: 29, 3: 37, 4: 101, 5: 144, 6: 251, 7: 99, 8: 9, 9: 13, 10: 4, 11: 14, 12: 51, 13: 6, 14: 3}
+    calls = {2: 29, 3: 37, 4: 101, 5: 144, 6: 251, 7: 99, 8: 9, 9: 13, 10: 4, 11: 14, 12: 51, 13: 6, 14: 3, 15: 3}
     assert sorted(calls) == list(range(2, ROUNDS_RUN + 1))
     for n, c in calls.items():
         doc = _verdict(f"verdict{n}.json")
@@ -232,7 +239,7 @@ def test_verified_splits_are_the_verdicts():
 
 def test_tail_cuts_seen_are_the_verdicts():
     """The profile's ``split_k.tail.verified`` is exactly the (tile, count) of the verdicts' calls
-    whose K the tail rule cuts, all of which matched; in rounds 3 to 14 every tail call also told the
+    whose K the tail rule cuts, all of which matched; in rounds 3 to 15 every tail call also told the
     cut from the sum over all of K (the ceil slicing of K did not give the H200's bytes)."""
     import cpemu
 
@@ -270,7 +277,7 @@ def test_verdict_rows_against_the_reference():
     """Judged here again: the reference under the profile's slicing gives the recorded H200 bytes
     (sha256) for a cheap call of each tile, and the kept bytes of the first verdict's misses (tiles
     47, 393 and 448 with 17 or more slices: native-failing.npz) and of later verdicts (native2.npz
-    to native14.npz), which the slicing without the tail rule does not give where the rule cuts K."""
+    to native15.npz), which the slicing without the tail rule does not give where the rule cuts K."""
     first = _verdict("verdict-tail.json")
     failing = np.load(os.path.join(TILES, "native-failing.npz"))
     cheapest = {}

@@ -78,14 +78,15 @@ def slices(K, s, g, layout):
 
 # ---------------------------------------------------------------------------- cases (CPU)
 
-def unverified_configs(profile_name="hopper-h200-torch"):
-    """{config id: (tile, split, reduction)} of the complete table above the profile's verified counts."""
+def unverified_configs(profile_name="hopper-h200-torch", which=0):
+    """{config id: (tile, split, reduction)} of the profile's complete table ``which`` (its index in
+    ``complete_file``) above the profile's verified counts."""
     import cpemu
-    from cpemu.splitk import split_verified
+    from cpemu.splitk import complete_names, split_verified
     from cpemu.splitk_complete import load_complete
 
     par = cpemu.get_profile(profile_name).data["modes"]["tensorwise"]["split_k"]["params"]
-    table = load_complete(par["complete_file"])
+    table = load_complete(complete_names(par)[which])
     f = table.meta["fields"]
     ti, si, ri = f.index("tile_id"), f.index("splitk_num"), f.index("reduction_scheme")
     out = {i: (int(c[ti]), int(c[si]), int(c[ri])) for i, c in enumerate(table.configs)
@@ -114,10 +115,11 @@ def tail_configs(table, profile_name="hopper-h200-torch"):
     return out, cut
 
 
-def make_cases(per: int, profile_name="hopper-h200-torch"):
-    """Cheap calls of every configuration to check: split counts above the verified ones, and
-    (``"tail": true``) counts whose tail cut was not seen for the tile, at a K where it cuts."""
-    table, bad = unverified_configs(profile_name)
+def make_cases(per: int, profile_name="hopper-h200-torch", which=0):
+    """Cheap calls of every configuration of complete table ``which`` to check: split counts above the
+    verified ones, and (``"tail": true``) counts whose tail cut was not seen for the tile, at a K where
+    it cuts."""
+    table, bad = unverified_configs(profile_name, which)
     tails, cut = tail_configs(table, profile_name)
     ks = table.meta["k0"] + table.meta["k_step"] * np.arange(table.meta["nk"])
     best = {}  # (tile, s, red, tail) -> {(M, N): (cost, K, combo)}
@@ -377,8 +379,16 @@ def cli():
 @cli.command("cases")
 @click.option("--out", "out_path", required=True)
 @click.option("--per", type=int, default=3, help="shapes per configuration (the cheapest, one per (M, N))")
-def cases_cmd(out_path, per):
-    cases = make_cases(per)
+@click.option("--table", "which", type=click.IntRange(min=0), default=0,
+              help="which of the profile's complete tables (its index in complete_file)")
+def cases_cmd(out_path, per, which):
+    import cpemu
+    from cpemu.splitk import complete_names
+
+    names = complete_names(cpemu.get_profile().data["modes"]["tensorwise"]["split_k"]["params"])
+    if which >= len(names):
+        raise click.BadParameter(f"the profile has {len(names)} complete table(s) (got {which})", param_hint="--table")
+    cases = make_cases(per, which=which)
     with open(out_path, "w") as f:
         json.dump({"cases": cases}, f, indent=0)
     click.echo(f"{len(cases)} cases of {len({(c['tile'], c['splits']) for c in cases})} configurations, "

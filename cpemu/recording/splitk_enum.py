@@ -11,6 +11,12 @@ for every combination.
     python -m cpemu.recording.splitk_enum status --dir REC
     python -m cpemu.recording.splitk_enum merge --dir REC --out hopper-h200-torch.splitk-complete.npz
 
+Ranges beside the default plan (N and K up to 65536) are plans of their own, recorded into tables of
+their own, which a profile lists after the first in ``complete_file``:
+
+    python -m cpemu.recording.splitk_enum run --dir REC2 --k-min 65552 --k-max 131072 --n-max 131072
+    python -m cpemu.recording.splitk_enum run --dir REC3 --n-min 65552 --n-max 131072
+
 ``run`` writes ``REC/plan.json`` on the first call; worker ``w`` of ``W`` takes the pairs
 ``w, w + W, ...`` and appends one line per finished pair to ``REC/part-<w>-of-<W>.jsonl``
 (configurations first seen get their own line). Running again continues where each worker
@@ -92,11 +98,27 @@ def plan_combos() -> list[dict]:
     return [c for c in combos("all") if c["scale_mode"] == "tensorwise" and not c["bias"]]
 
 
-def default_plan(n_max: int = 65536, k_max: int = 65536, k_step: int = 16, bound: dict | None = None) -> dict:
+def default_plan(n_max: int = 65536, k_max: int = 65536, k_step: int = 16, bound: dict | None = None,
+                 n_min: int = 16, k_min: int | None = None) -> dict:
+    """The plan of a record: every open (M, N) with ``n_min <= N <= n_max``, every K of the grid from
+    the first K that can split (or ``k_min``, where that is larger) to ``k_max``.
+
+    A plan with ``n_min`` or ``k_min`` records a range beside the default one (K above 65536, N above
+    65536): a table of its own, which the profile lists after the first (``complete_file``)."""
     bound = dict(bound or BOUND)
     k0 = k_step * (bound["k_per_split"] * 2 // k_step + 1)  # first K with K bound >= 2
-    return {"n_max": n_max, "k0": k0, "k_max": k_max, "k_step": k_step, "bound": bound,
+    if k_min is not None:
+        k0 = max(k0, k_min)
+    plan = {"n_max": n_max, "k0": k0, "k_max": k_max, "k_step": k_step, "bound": bound,
             "combos": plan_combos(), "order": "M ascending, then N"}
+    if n_min != 16:  # the default plan's plan.json has no n_min (16)
+        plan["n_min"] = n_min
+    return plan
+
+
+def n_min(plan: dict) -> int:
+    """The smallest N of a plan's pairs (16 where the plan does not say)."""
+    return plan.get("n_min", 16)
 
 
 def k_grid(plan: dict) -> list[int]:
@@ -147,6 +169,9 @@ def _check_plan_sizes(plan) -> str | None:
             return f"{key} must be an integer from {lo} to {hi} (got {plan[key]!r:.100})"
     if plan["k_step"] % 16:
         return f"k_step must be a multiple of 16 (got {plan['k_step']})"
+    if "n_min" in plan and (not _is_int(plan["n_min"]) or not 16 <= plan["n_min"] <= plan["n_max"]
+                            or plan["n_min"] % 16):
+        return f"n_min must be a multiple of 16 from 16 to n_max = {plan['n_max']} (got {plan['n_min']!r:.100})"
     return None
 
 
@@ -174,7 +199,7 @@ def _check_plan_pairs(plan) -> str | None:
     b, n = plan["bound"], 0
     room = b["workspace_bytes"] - b["workspace_reserve"]
     if -(-plan["k_max"] // b["k_per_split"]) - 1 >= 2:  # else no pair splits
-        for N in range(16, plan["n_max"] + 1, 16):  # the largest M with a split bound >= 2 at this N
+        for N in range(n_min(plan), plan["n_max"] + 1, 16):  # the largest M with a split bound >= 2 at this N
             n += room // (2 * b["bytes_per_partial"] * _ceil_to(N, b["n_align"]))
     if n > PLAN_PAIRS_MAX:
         return f"the plan holds {n:,} open pairs, more than a record may hold ({PLAN_PAIRS_MAX:,}; see its bound)"
@@ -188,7 +213,7 @@ def _ceil_to(n: int, m: int) -> int:
 def open_pairs(plan: dict) -> list[tuple[int, int]]:
     """Every (M, N) of the domain whose workspace bound lets K split (u >= 2 at the largest K)."""
     out = []
-    for N in range(16, plan["n_max"] + 1, 16):
+    for N in range(n_min(plan), plan["n_max"] + 1, 16):
         M = 1
         while split_bound(plan["bound"], M, N, plan["k_max"]) >= 2:
             out.append((M, N))
@@ -306,7 +331,7 @@ def _pair_line(d: dict, n_configs: int, plan: dict | None, path: str, n: int) ->
     mn = (d["M"], d["N"])
     if plan is not None and not _open_pair(plan, *mn):
         raise _bad(path, n, f"pair (M, N) = {mn} is outside the record's plan (its open pairs: M >= 1, N a multiple "
-                            f"of 16 from 16 to n_max = {plan['n_max']}, split bound >= 2 at K = k_max = "
+                            f"of 16 from {n_min(plan)} to n_max = {plan['n_max']}, split bound >= 2 at K = k_max = "
                             f"{plan['k_max']})")
     runs = d["runs"]
     n_combos = None if plan is None else len(plan["combos"])
@@ -359,7 +384,7 @@ def _violation_line(d: dict, plan: dict | None, path: str, n: int) -> dict:
 
 def _open_pair(plan: dict, M: int, N: int) -> bool:
     """Whether (M, N) is one of :func:`open_pairs` (the split bound falls as M grows)."""
-    return M >= 1 and N % 16 == 0 and 16 <= N <= plan["n_max"] and split_bound(plan["bound"], M, N, plan["k_max"]) >= 2
+    return M >= 1 and N % 16 == 0 and n_min(plan) <= N <= plan["n_max"] and split_bound(plan["bound"], M, N, plan["k_max"]) >= 2
 
 
 def _runs(ids: list[int]) -> list[int]:
@@ -638,8 +663,9 @@ def _same_plan(table, plan: dict, path: str) -> None:
     """Refuse a table recorded under another plan than the record's."""
     keys = [combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"]) for c in plan["combos"]]
     same = {k: table.meta.get(k) for k in ("k0", "k_step", "nk", "combos", "bound", "n_max")}
+    same["n_min"] = table.meta.get("n_min", 16)
     want = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
-            "bound": plan["bound"], "n_max": plan["n_max"]}
+            "bound": plan["bound"], "n_max": plan["n_max"], "n_min": n_min(plan)}
     if same != want:
         raise click.ClickException(f"{path} is a table of another plan ({same}); the record's plan is {want}")
 
@@ -695,6 +721,7 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
     meta = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
             "store": "grid" if law["k_law"]["violated"] else "k-law",
             "fields": fields, "bound": plan["bound"], "n_max": plan["n_max"],
+            **({"n_min": plan["n_min"]} if "n_min" in plan else {}),
             "provenance": provenance or (old.meta.get("provenance", {}) if old is not None else {}),
             "fast_law": dict(law["fast_law"], m_max=FAST_LAW_M_MAX, check_every=FAST_LAW_CHECK_EVERY),
             "k_law": dict(law["k_law"], block=K_LAW_BLOCK, align_cap=K_LAW_ALIGN_CAP, check_every=K_LAW_CHECK_EVERY)}
@@ -795,6 +822,11 @@ _TABLE = click.Path(exists=True, dir_okay=False)
 @click.option("--n-max", type=click.IntRange(16, SIZE_MAX), default=65536)
 @click.option("--k-max", type=click.IntRange(16, SIZE_MAX), default=65536)
 @click.option("--k-step", type=click.IntRange(min=16), default=16, help="a multiple of 16")
+@click.option("--n-min", type=click.IntRange(16, SIZE_MAX), default=16,
+              help="the smallest N (a multiple of 16): a range beside the default plan, e.g. --n-min 65552 --n-max 131072")
+@click.option("--k-min", type=click.IntRange(16, SIZE_MAX), default=None,
+              help="the smallest K (16 above a multiple of 128): a range beside the default plan, e.g. --k-min 65552 "
+                   "--k-max 131072 --n-max 131072")
 @click.option("--first-n", default="", help="comma list of N whose pairs are asked first (e.g. model widths)")
 @click.option("--fast-law/--no-fast-law", default=True, show_default=True,
               help="M <= 32: ask fast accumulation only, copy it, check every 8th pair in full (a law measured "
@@ -804,15 +836,21 @@ _TABLE = click.Path(exists=True, dir_okay=False)
                    "check every 16th pair at every K (a law measured on the H200)")
 @click.option("--table", default=None, type=_TABLE,
               help="an earlier merged table this record continues: its pairs are skipped")
-def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, first_n, fast_law, k_law, table):
+def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, n_min, k_min, first_n, fast_law, k_law, table):
     if k_step % 16 or not math.isfinite(seconds):
         raise click.BadParameter("--k-step must be a multiple of 16 and --seconds finite "
                                  f"(got {k_step} and {seconds})")
+    if n_min % 16 or n_min > n_max:
+        raise click.BadParameter(f"must be a multiple of 16 and at most --n-max = {n_max} (got {n_min})",
+                                 param_hint="--n-min")
+    if k_min is not None and ((k_min - 16) % 128 or k_min > k_max):
+        raise click.BadParameter(f"must be 16 above a multiple of 128 (the K-law blocks of the table) and at most "
+                                 f"--k-max = {k_max} (got {k_min})", param_hint="--k-min")
     try:
         first = tuple(int(x) for x in first_n.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"must be a comma list of integers (got {first_n!r})", param_hint="--first-n")
-    st = run_parallel(rec, default_plan(n_max, k_max, k_step), jobs, seconds, echo=lambda m: click.echo(m, err=True),
+    st = run_parallel(rec, default_plan(n_max, k_max, k_step, n_min=n_min, k_min=k_min), jobs, seconds, echo=lambda m: click.echo(m, err=True),
                       first_n=first, fast_law=fast_law, k_law=k_law, table=table)
     click.echo(json.dumps(st))
 
