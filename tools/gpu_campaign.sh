@@ -4,8 +4,9 @@
 #   tools/gpu_campaign.sh OUTDIR [step ...]     steps: truth truth2 errors heur splitk tiles complete
 #   tiles:    the planned round of tests/data/h200-splitk/tiles (the newest cases<n>.json without native<n>.npz)
 #   complete: continues the complete split-K record for RECORD_SECONDS (default 540) with one worker per core
-#             (RECORD_JOBS), skipping the shipped table's pairs; runs beside the steps after it
-#             (tests/data/h200-splitk/complete/README.md says how to merge)
+#             (RECORD_JOBS), skipping the pairs of RECORD_TABLE (default the shipped table; empty: none); runs
+#             beside the steps after it (tests/data/h200-splitk/complete/README.md says how to merge). A range
+#             beside the default plan: RECORD_ARGS="--n-min 65552 --n-max 131072" RECORD_TABLE= (its first run)
 # Writes OUTDIR/campaign.tar.gz (all results) and OUTDIR/campaign.log.
 set -u
 OUTDIR=${1:?usage: gpu_campaign.sh OUTDIR [steps]}
@@ -23,8 +24,10 @@ for s in $STEPS; do
   case $s in
     complete)
       echo "=== complete record for ${RECORD_SECONDS:-540} s ($(date +%T))" | tee -a "$LOG"
+      TABLE=${RECORD_TABLE-cpemu/profile_data/hopper-h200-torch.splitk-complete.npz}
+      # shellcheck disable=SC2086  # RECORD_ARGS: options of their own, e.g. "--n-min 65552 --n-max 131072"
       $PY -m cpemu.recording.splitk_enum run --dir "$W/res/rec" --jobs "${RECORD_JOBS:-$(nproc)}" \
-        --seconds "${RECORD_SECONDS:-540}" --table cpemu/profile_data/hopper-h200-torch.splitk-complete.npz \
+        --seconds "${RECORD_SECONDS:-540}" ${TABLE:+--table "$TABLE"} ${RECORD_ARGS:-} \
         >>"$W/res/enum.log" 2>&1 &
       REC_PID=$! ;;
     tiles)
