@@ -80,7 +80,17 @@ def test_refusals_count_without_the_heuristic():
                                               c["scale_mode"]) == ("e4m3", "e4m3", "bfloat16", True, False, "tensorwise"))
     res = hd.refusals([(64, 4096, 4096, j), (1, 1536, 7168, j), (*UNRECORDED, j)], PROFILE)
     assert res["counts"] == {"unsplit": {"answered": 1}, "split": {"answered": 1, "refused:unrecorded": 1}}
+    assert res["unrecorded"] == {"in a plan": 1}
+    # beyond the shipped table's plan (N and K up to 65536), by axis
+    res = hd.refusals([(1, 16, 65552, j), (1, 65552, 6144, j), (1, 65552, 65552, j)], PROFILE)
+    assert res["counts"] == {"split": {"refused:unrecorded": 3}, "unsplit": {}}
+    assert res["unrecorded"] == {"K above": 1, "N above": 1, "N and K above": 1}
     items = hd.draw(300, 3, PROFILE, split_share=0.3)
-    res = hd.merge_results([hd.refusals(items, PROFILE)])
+    res = hd.merge_results([hd.refusals(items[:100], PROFILE), hd.refusals(items[100:], PROFILE)])
     assert sum(res["total"].values()) == 300 and res["total"]["answered"] > 150
     assert "refused:unrecorded" not in res["counts"]["unsplit"]
+    assert sum(res["unrecorded"].values()) == res["total"].get("refused:unrecorded", 0) > 0
+    beyond = sum(1 for M, N, K, i in items if split_bound(PARAMS["bound"], M, N, K) >= 2 and max(N, K) > 65536
+                 and cs[i]["scale_mode"] == "tensorwise")
+    assert res["unrecorded"].get("K above", 0) + res["unrecorded"].get("N above", 0) \
+        + res["unrecorded"].get("N and K above", 0) == beyond

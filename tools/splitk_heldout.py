@@ -95,20 +95,49 @@ def check(items, ask, profile) -> dict:
     return {"counts": {k: dict(v) for k, v in counts.items()}, "disagreements": bad, "refused_sample": refused}
 
 
+def plan_ranges(profile) -> list[tuple[int, int, int, int]]:
+    """(n_min, n_max, k_min, k_max) of each complete table of the profile's tensorwise split rule."""
+    from cpemu.splitk import complete_names
+    from cpemu.splitk_complete import load_complete
+
+    par = profile.data["modes"]["tensorwise"]["split_k"]["params"]
+    out = []
+    for name in complete_names(par):
+        m = load_complete(name).meta
+        out.append((m.get("n_min", 16), m["n_max"], m["k0"], m["k0"] + m["k_step"] * (m["nk"] - 1)))
+    return out
+
+
+def where_unrecorded(ranges, N: int, K: int) -> str:
+    """Where an unrecorded shape lies: in a table's plan (not recorded yet) or beyond every plan, by
+    axis (above the largest N or K of the plans)."""
+    if any(n0 <= N <= n1 and k0 <= K <= k1 for n0, n1, k0, k1 in ranges):
+        return "in a plan"
+    n_hi, k_hi = N > max(r[1] for r in ranges), K > max(r[3] for r in ranges)
+    return {(True, True): "N and K above", (True, False): "N above", (False, True): "K above"}.get(
+        (n_hi, k_hi), "between plans")
+
+
 def refusals(items, profile) -> dict:
-    """Per region, how many of ``items`` the profile answers (``answered``) and refuses (``refused:<reason>``);
-    no heuristic is asked, so nothing is judged."""
+    """Per region, how many of ``items`` the profile answers (``answered``) and refuses (``refused:<reason>``),
+    and the unrecorded ones by where they lie (:func:`where_unrecorded`); no heuristic is asked, so nothing
+    is judged."""
     cs = combos("all")
     bound = profile.data["modes"]["tensorwise"]["split_k"]["params"]["bound"]
+    ranges = plan_ranges(profile)
     counts = {"split": Counter(), "unsplit": Counter()}
+    unrecorded = Counter()
     for M, N, K, j in items:
         try:
             _plan(profile, M, N, K, cs[j])
             verdict = "answered"
         except UnsupportedShape as e:
             verdict = f"refused:{e.reason}"
+            if e.reason == "unrecorded":
+                unrecorded[where_unrecorded(ranges, N, K)] += 1
         counts["split" if split_bound(bound, M, N, K) >= 2 else "unsplit"][verdict] += 1
-    return {"counts": {k: dict(v) for k, v in counts.items()}, "disagreements": [], "refused_sample": []}
+    return {"counts": {k: dict(v) for k, v in counts.items()}, "unrecorded": dict(unrecorded),
+            "disagreements": [], "refused_sample": []}
 
 
 def _refusals_worker(args):
@@ -126,8 +155,9 @@ def _worker(args):
 
 def merge_results(parts: list[dict]) -> dict:
     counts = {"split": Counter(), "unsplit": Counter()}
-    bad, refused = [], []
+    bad, refused, unrecorded = [], [], Counter()
     for p in parts:
+        unrecorded.update(p.get("unrecorded", {}))
         for k, v in p["counts"].items():
             counts[k].update(v)
         bad += p["disagreements"]
@@ -135,8 +165,11 @@ def merge_results(parts: list[dict]) -> dict:
     total = Counter()
     for v in counts.values():
         total.update(v)
-    return {"total": dict(total), "counts": {k: dict(v) for k, v in counts.items()}, "disagreements": bad,
-            "refused_sample": refused}
+    doc = {"total": dict(total), "counts": {k: dict(v) for k, v in counts.items()}, "disagreements": bad,
+           "refused_sample": refused}
+    if any("unrecorded" in p for p in parts):
+        doc["unrecorded"] = dict(unrecorded)
+    return doc
 
 
 @click.command()
@@ -161,7 +194,7 @@ def main(n, seed, split_share, jobs, profile_name, out_path, no_heuristic):
                    seconds=round(time.time() - t0, 1), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         with open(out_path, "w") as f:
             json.dump(doc, f, indent=1)
-        click.echo(f"{n} shapes (no heuristic asked): {doc['total']}")
+        click.echo(f"{n} shapes (no heuristic asked): {doc['total']}; unrecorded: {doc['unrecorded']}")
         return
     from cpemu.recording.splitk_query import probe_workspace, runtime_info
     from cpemu.recording import cublaslt_heuristic as ch
