@@ -270,6 +270,17 @@ def _assert_table_answers(tmp_path, name, plan, ask, pairs, ks, combos):
                     assert rule.splits(M, N, K, c["fast_accum"], (c["a_dtype"], c["b_dtype"], c["out_dtype"])) == want[4]
 
 
+def _assert_fake_answer(rule, M, N, K, c):
+    """``rule`` gives _fake's split count for the call, or refuses it as having no algorithm where _fake has none."""
+    combo = (c["a_dtype"], c["b_dtype"], c["out_dtype"])
+    want = _fake(M, N, K, c)
+    if want is None:
+        with pytest.raises(UnsupportedShape, match="no algorithm"):
+            rule.splits(M, N, K, c["fast_accum"], combo)
+    else:
+        assert rule.splits(M, N, K, c["fast_accum"], combo) == want[4], (M, N, K, c)
+
+
 def test_enumerator_resumes_and_merges(tmp_path):
     """Workers stopped part-way (and one cut inside a line) continue where they stopped, here with
     another number of workers; the merged table answers every open shape as the heuristic did."""
@@ -307,13 +318,7 @@ def test_enumerator_resumes_and_merges(tmp_path):
     for M, N in pairs[::7]:
         for K in se.k_grid(plan)[::5]:
             for c in plan["combos"][::3]:
-                combo = (c["a_dtype"], c["b_dtype"], c["out_dtype"])
-                want = _fake(M, N, K, c)
-                if want is None:
-                    with pytest.raises(UnsupportedShape, match="no algorithm"):
-                        rule.splits(M, N, K, c["fast_accum"], combo)
-                else:
-                    assert rule.splits(M, N, K, c["fast_accum"], combo) == want[4]
+                _assert_fake_answer(rule, M, N, K, c)
                 checked += 1
     assert checked > 1000
     with pytest.raises(UnsupportedShape, match="not in the profile's recorded tables"):
@@ -783,13 +788,7 @@ def test_ranges_beside_the_default_plan_are_tables_of_their_own(tmp_path):
         for M, N in se.open_pairs(plan)[::5]:
             for K in se.k_grid(plan)[::7]:
                 c = plan["combos"][(M + K // 16) % len(plan["combos"])]
-                combo = (c["a_dtype"], c["b_dtype"], c["out_dtype"])
-                want = _fake(M, N, K, c)
-                if want is None:
-                    with pytest.raises(UnsupportedShape, match="no algorithm"):
-                        rule.splits(M, N, K, c["fast_accum"], combo)
-                else:
-                    assert rule.splits(M, N, K, c["fast_accum"], combo) == want[4], (M, N, K)
+                _assert_fake_answer(rule, M, N, K, c)
                 checked += 1
     assert checked > 300
     with pytest.raises(UnsupportedShape, match=r"the complete tables' plans hold N 16\.\.64 with K 5136\.\.6400; "
