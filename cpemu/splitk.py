@@ -29,7 +29,7 @@ from importlib import resources
 from .splitk_complete import load_complete, lookup
 
 __all__ = ["UnsupportedShape", "SplitKRule", "covered_k", "split_bound", "splits_from_rule", "load_table", "combo_key",
-           "no_algorithm", "split_verified", "complete_names"]
+           "no_algorithm", "split_verified", "complete_names", "table_range"]
 
 
 class UnsupportedShape(ValueError):
@@ -149,14 +149,14 @@ def complete_names(params: dict) -> list[str]:
     return [names] if isinstance(names, str) else list(names)
 
 
-def _ranges(meta: dict) -> tuple[int, int, int, int]:
-    """(n_min, n_max, k_min, k_max) of a complete table's plan."""
+def table_range(meta: dict) -> tuple[int, int, int, int]:
+    """(n_min, n_max, k_min, k_max) of a complete table's plan (its ``meta``)."""
     return meta.get("n_min", 16), meta["n_max"], meta["k0"], meta["k0"] + meta["k_step"] * (meta["nk"] - 1)
 
 
 def _beyond_complete(params: dict, base_dir: str | None, N: int, K: int) -> str:
     """Where (N, K) lies in no complete table's plan: a clause that says so (else "")."""
-    ranges = [_ranges(load_complete(name, base_dir).meta) for name in complete_names(params)]
+    ranges = [table_range(load_complete(name, base_dir).meta) for name in complete_names(params)]
     if not ranges or any(n0 <= N <= n1 and k0 <= K <= k1 for n0, n1, k0, k1 in ranges):
         return ""
     if len(ranges) == 1:

@@ -97,15 +97,11 @@ def check(items, ask, profile) -> dict:
 
 def plan_ranges(profile) -> list[tuple[int, int, int, int]]:
     """(n_min, n_max, k_min, k_max) of each complete table of the profile's tensorwise split rule."""
-    from cpemu.splitk import complete_names
+    from cpemu.splitk import complete_names, table_range
     from cpemu.splitk_complete import load_complete
 
     par = profile.data["modes"]["tensorwise"]["split_k"]["params"]
-    out = []
-    for name in complete_names(par):
-        m = load_complete(name).meta
-        out.append((m.get("n_min", 16), m["n_max"], m["k0"], m["k0"] + m["k_step"] * (m["nk"] - 1)))
-    return out
+    return [table_range(load_complete(name).meta) for name in complete_names(par)]
 
 
 def where_unrecorded(ranges, N: int, K: int) -> str:
@@ -113,6 +109,8 @@ def where_unrecorded(ranges, N: int, K: int) -> str:
     axis (above the largest N or K of the plans)."""
     if any(n0 <= N <= n1 and k0 <= K <= k1 for n0, n1, k0, k1 in ranges):
         return "in a plan"
+    if not ranges:
+        return "no table"
     n_hi, k_hi = N > max(r[1] for r in ranges), K > max(r[3] for r in ranges)
     return {(True, True): "N and K above", (True, False): "N above", (False, True): "K above"}.get(
         (n_hi, k_hi), "between plans")

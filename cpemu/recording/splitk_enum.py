@@ -116,7 +116,7 @@ def default_plan(n_max: int = 65536, k_max: int = 65536, k_step: int = 16, bound
     return plan
 
 
-def n_min(plan: dict) -> int:
+def plan_n_min(plan: dict) -> int:
     """The smallest N of a plan's pairs (16 where the plan does not say)."""
     return plan.get("n_min", 16)
 
@@ -199,7 +199,7 @@ def _check_plan_pairs(plan) -> str | None:
     b, n = plan["bound"], 0
     room = b["workspace_bytes"] - b["workspace_reserve"]
     if -(-plan["k_max"] // b["k_per_split"]) - 1 >= 2:  # else no pair splits
-        for N in range(n_min(plan), plan["n_max"] + 1, 16):  # the largest M with a split bound >= 2 at this N
+        for N in range(plan_n_min(plan), plan["n_max"] + 1, 16):  # the largest M with a split bound >= 2 at this N
             n += room // (2 * b["bytes_per_partial"] * _ceil_to(N, b["n_align"]))
     if n > PLAN_PAIRS_MAX:
         return f"the plan holds {n:,} open pairs, more than a record may hold ({PLAN_PAIRS_MAX:,}; see its bound)"
@@ -213,7 +213,7 @@ def _ceil_to(n: int, m: int) -> int:
 def open_pairs(plan: dict) -> list[tuple[int, int]]:
     """Every (M, N) of the domain whose workspace bound lets K split (u >= 2 at the largest K)."""
     out = []
-    for N in range(n_min(plan), plan["n_max"] + 1, 16):
+    for N in range(plan_n_min(plan), plan["n_max"] + 1, 16):
         M = 1
         while split_bound(plan["bound"], M, N, plan["k_max"]) >= 2:
             out.append((M, N))
@@ -331,8 +331,8 @@ def _pair_line(d: dict, n_configs: int, plan: dict | None, path: str, n: int) ->
     mn = (d["M"], d["N"])
     if plan is not None and not _open_pair(plan, *mn):
         raise _bad(path, n, f"pair (M, N) = {mn} is outside the record's plan (its open pairs: M >= 1, N a multiple "
-                            f"of 16 from {n_min(plan)} to n_max = {plan['n_max']}, split bound >= 2 at K = k_max = "
-                            f"{plan['k_max']})")
+                            f"of 16 from {plan_n_min(plan)} to n_max = {plan['n_max']}, split bound >= 2 at "
+                            f"K = k_max = {plan['k_max']})")
     runs = d["runs"]
     n_combos = None if plan is None else len(plan["combos"])
     if not isinstance(runs, list) or n_combos not in (None, len(runs)):
@@ -384,7 +384,8 @@ def _violation_line(d: dict, plan: dict | None, path: str, n: int) -> dict:
 
 def _open_pair(plan: dict, M: int, N: int) -> bool:
     """Whether (M, N) is one of :func:`open_pairs` (the split bound falls as M grows)."""
-    return M >= 1 and N % 16 == 0 and n_min(plan) <= N <= plan["n_max"] and split_bound(plan["bound"], M, N, plan["k_max"]) >= 2
+    return (M >= 1 and N % 16 == 0 and plan_n_min(plan) <= N <= plan["n_max"]
+            and split_bound(plan["bound"], M, N, plan["k_max"]) >= 2)
 
 
 def _runs(ids: list[int]) -> list[int]:
@@ -665,7 +666,7 @@ def _same_plan(table, plan: dict, path: str) -> None:
     same = {k: table.meta.get(k) for k in ("k0", "k_step", "nk", "combos", "bound", "n_max")}
     same["n_min"] = table.meta.get("n_min", 16)
     want = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
-            "bound": plan["bound"], "n_max": plan["n_max"], "n_min": n_min(plan)}
+            "bound": plan["bound"], "n_max": plan["n_max"], "n_min": plan_n_min(plan)}
     if same != want:
         raise click.ClickException(f"{path} is a table of another plan ({same}); the record's plan is {want}")
 
@@ -823,7 +824,8 @@ _TABLE = click.Path(exists=True, dir_okay=False)
 @click.option("--k-max", type=click.IntRange(16, SIZE_MAX), default=65536)
 @click.option("--k-step", type=click.IntRange(min=16), default=16, help="a multiple of 16")
 @click.option("--n-min", type=click.IntRange(16, SIZE_MAX), default=16,
-              help="the smallest N (a multiple of 16): a range beside the default plan, e.g. --n-min 65552 --n-max 131072")
+              help="the smallest N (a multiple of 16): a range beside the default plan, "
+                   "e.g. --n-min 65552 --n-max 131072")
 @click.option("--k-min", type=click.IntRange(16, SIZE_MAX), default=None,
               help="the smallest K (16 above a multiple of 128): a range beside the default plan, e.g. --k-min 65552 "
                    "--k-max 131072 --n-max 131072")
@@ -850,7 +852,8 @@ def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, n_min, k_min, first_n, fas
         first = tuple(int(x) for x in first_n.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"must be a comma list of integers (got {first_n!r})", param_hint="--first-n")
-    st = run_parallel(rec, default_plan(n_max, k_max, k_step, n_min=n_min, k_min=k_min), jobs, seconds, echo=lambda m: click.echo(m, err=True),
+    plan = default_plan(n_max, k_max, k_step, n_min=n_min, k_min=k_min)
+    st = run_parallel(rec, plan, jobs, seconds, echo=lambda m: click.echo(m, err=True),
                       first_n=first, fast_law=fast_law, k_law=k_law, table=table)
     click.echo(json.dumps(st))
 
