@@ -86,8 +86,8 @@ def _cases(n):
 def test_every_configuration_of_the_table_is_verified_and_answered():
     """Every (tile, split count) of the shipped table is verified: the last ones came with record runs
     34 to 40 and were checked by rounds 12 to 15, so make_cases plans nothing more. The calls of those
-    rounds are answered with their split count; without round 15's count in the profile (tile 48 with 4
-    slices) its calls are refused as unverified. The counts of 17 or more slices not seen cut are given
+    rounds are answered with the split count the H200's heuristic picked for them; without round 15's
+    count in the profile (tile 48 with 4 slices) its calls are refused as unverified. The counts of 17 or more slices not seen cut are given
     by the table at no K the tail rule cuts."""
     import copy
 
@@ -107,6 +107,10 @@ def test_every_configuration_of_the_table_is_verified_and_answered():
     for n, want in rounds.items():
         cases = _cases(n)
         assert {(c["tile"], c["splits"], c["reduction"]) for c in cases} == want, n
+        # the H200's heuristic, asked beside each native call, picked the case's configuration
+        picked = json.loads(str(np.load(os.path.join(TILES, f"native{n}.npz"))["meta"]))["heuristic"]
+        assert [(h["tile_id"], h["splitk_num"], h["reduction_scheme"]) for h in picked] == \
+            [(c["tile"], c["splits"], c["reduction"]) for c in cases], n
         for c in cases:
             fa, fb, out, fast = c["combo"].split(",")
             assert cpemu.get_profile().call(c["M"], c["N"], c["K"], fa, fb, out,
