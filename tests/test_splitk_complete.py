@@ -179,16 +179,8 @@ def test_repeated_pairs_give_the_table_answers(record, repeat):
     """Pairs the table holds from runs whose part files were not kept, asked again on the H200 (from the
     table of 50,402 pairs, so the same pairs in the same order): every answer is the table's."""
     pairs, _ = _pairs_decode_to_the_record(repeat)
-    assert pairs == REPEAT_PAIRS
-    kept = set()
-    for path in os.listdir(record):
-        if path.startswith("part-"):
-            kept |= set(se.read_part(os.path.join(record, path))[1])
-    again = set()
-    for path in os.listdir(repeat):
-        if path.startswith("part-"):
-            again |= set(se.read_part(os.path.join(repeat, path))[1])
-    assert len(again) == REPEAT_PAIRS and not again & kept
+    again = se.done_pairs(repeat)
+    assert pairs == len(again) == REPEAT_PAIRS and not again & se.done_pairs(record)
 
 
 def test_profile_answers_from_the_complete_table(record):

@@ -556,13 +556,18 @@ def _parts(rec: str) -> list[str]:
     return sorted(glob.glob(os.path.join(rec, "part-*-of-*.jsonl")))
 
 
-def status(rec: str) -> dict:
-    plan = load_plan(rec)
-    total = len(open_pairs(plan))
+def done_pairs(rec: str, plan: dict | None = None) -> set:
+    """The (M, N) pairs finished in the part files of ``rec``."""
     done = set()
     for p in _parts(rec):
         done.update(read_part(p, plan)[1])
-    done = len(done)
+    return done
+
+
+def status(rec: str) -> dict:
+    plan = load_plan(rec)
+    total = len(open_pairs(plan))
+    done = len(done_pairs(rec, plan))
     per_pair = len(k_grid(plan)) * len(plan["combos"])
     return {"pairs_total": total, "pairs_done": done, "queries_per_pair": per_pair,
             "queries_total": total * per_pair, "answers_done": done * per_pair, "fast_law": _law_counts(rec),
