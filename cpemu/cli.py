@@ -246,8 +246,12 @@ def _print_info(r: dict, cuda: dict):
                  f"split-K {m['split_k']}; promotion every {m['promotion_interval']} steps; "
                  f"epilogue {m['epilogue']}")
             if m["domain"]:
-                echo("      domain: " + ", ".join(f"{ax} {lo}..{hi}" for ax, (lo, hi) in m["domain"].items()
-                                                   if ax in "MNK"))
+                echo("      domain: " + ", ".join(f"{ax} {m['domain'][ax][0]}..{m['domain'][ax][1]}"
+                                                   for ax in "MNK" if ax in m["domain"]))
+                ns = m["domain"].get("no_split")
+                if ns:
+                    echo("      beyond it, where nothing can split: " + ", ".join(f"{ax} {ns[ax][0]}..{ns[ax][1]}"
+                                                                          for ax in "MNK"))
     for b in r["invalid_profiles"]:
         echo(f"  {b['name']}: INVALID: {b['error']}")
     echo("")

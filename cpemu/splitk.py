@@ -201,18 +201,20 @@ class SplitKRule:
       * ``"none"``  -- never splits (recorded so, or profiles whose library schedule was not
         recorded: the emulator then models an unsplit CUTLASS-style kernel and says so);
       * ``"rule"``  -- the laws and tables of the profile (see :func:`splits_from_rule`).
-    Shapes outside ``domain`` are refused.
+    Shapes outside ``domain`` are refused, except where ``domain["no_split"]`` (wider ranges of M, N
+    and K, with the ``source`` of their evidence) holds them and nothing can split there: the
+    split bound is at most 1 (kind ``"rule"``), or the library never splits (kind ``"none"``).
     """
 
     kind: str
     granularity: int = 128
-    domain: dict | None = None  # {"M": [lo, hi], "N": [lo, hi], "K": [lo, hi], "extra_NK": [[N, K], ...]}
+    domain: dict | None = None  # {"M": [lo, hi], "N": ..., "K": ..., "extra_NK": [[N, K], ...], "no_split": {...}}
     params: dict | None = None
     base_dir: str | None = None  # where the params' table files lie; None: the shipped profiles
     tail: dict | None = None  # where the kernel leaves the end of K out (cpemu.schedule.covered_k)
 
-    def splits(self, M: int, N: int, K: int, fast_accum: bool, combo: tuple = ("e4m3", "e4m3", "bfloat16")) -> int:
-        """Number of split-K slices; ``combo`` is (a_format, b_format, out_dtype)."""
+    def _outside(self, M: int, N: int, K: int) -> str | None:
+        """Why (M, N, K) lies outside ``domain``'s ranges, or None."""
         dom = self.domain or {}
         extra = [tuple(x) for x in dom.get("extra_NK", ())]
         for ax, v in (("M", M), ("N", N), ("K", K)):
@@ -220,12 +222,39 @@ class SplitKRule:
             if not lo <= v <= hi and not (ax in "NK" and (N, K) in extra):
                 what = ("for which this profile's split-K choice was recorded" if self.kind == "rule" else
                         "of this profile's stated domain (its schedule is assumed only there)")
-                raise UnsupportedShape(f"{ax}={v} is outside the range {lo}..{hi} {what}; "
-                                       f"the GPU library's schedule there is unknown", "outside-domain")
+                return f"{ax}={v} is outside the range {lo}..{hi} {what}"
+        return None
+
+    def splits(self, M: int, N: int, K: int, fast_accum: bool, combo: tuple = ("e4m3", "e4m3", "bfloat16")) -> int:
+        """Number of split-K slices; ``combo`` is (a_format, b_format, out_dtype)."""
+        why = self._outside(M, N, K)
+        if why is not None:
+            return self._beyond(why, M, N, K)
         if self.kind == "none":
             return 1
         return splits_from_rule(self.params or {}, M, N, K, fast_accum, combo, self.base_dir, self.tail,
                                 self.granularity)
+
+
+    def _beyond(self, why: str, M: int, N: int, K: int) -> int:
+        """A shape outside the domain's ranges: 1 where ``domain["no_split"]`` holds it and nothing
+        can split there (kind ``"none"``, or the split bound is at most 1), else refused."""
+        ns = (self.domain or {}).get("no_split")
+        unknown = "the GPU library's schedule there is unknown"
+        if ns is None:
+            raise UnsupportedShape(f"{why}; {unknown}", "outside-domain")
+        ranges = ", ".join(f"{ax} {ns[ax][0]}..{ns[ax][1]}" for ax in "MNK")
+        if not all(ns[ax][0] <= v <= ns[ax][1] for ax, v in (("M", M), ("N", N), ("K", K))):
+            raise UnsupportedShape(f"{why}, and outside {ranges}, where shapes that cannot split are answered; "
+                                   f"{unknown}", "outside-domain")
+        if self.kind == "none":
+            return 1
+        u = split_bound((self.params or {})["bound"], M, N, K)
+        if u <= 1:
+            return 1
+        raise UnsupportedShape(f"{why}; beyond it (up to {ranges}) only shapes where nothing can split are "
+                               f"answered, and up to {u} slices fit the K and workspace bounds here; "
+                               f"{unknown}", "outside-domain")
 
 
 def no_algorithm(spec: dict | None, M: int, N: int, K: int, fast_accum: bool, has_bias: bool) -> str | None:

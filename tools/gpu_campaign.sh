@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Record everything cpemu learns from a GPU in one go: truth suites, torch's argument
 # checks, and cuBLASLt's heuristic choices (query + torch's own calls, logged).
-#   tools/gpu_campaign.sh OUTDIR [step ...]     steps: truth truth2 errors heur splitk tiles complete
+#   tools/gpu_campaign.sh OUTDIR [step ...]     steps: truth truth2 errors heur splitk tiles complete beyond
+#   beyond:   the heuristic on shapes above the recorded domain (splitk_measure --sets beyond, a few seconds of
+#             16 cores): the evidence for a profile's domain.no_split (tests/data/h200-splitk/measured/README.md)
 #   tiles:    the planned round of tests/data/h200-splitk/tiles (the newest cases<n>.json without native<n>.npz)
 #   complete: continues the complete split-K record for RECORD_SECONDS (default 540) with one worker per core
 #             (RECORD_JOBS), skipping the pairs of RECORD_TABLE (default the shipped table; empty: none); runs
@@ -40,6 +42,8 @@ for s in $STEPS; do
       fi ;;
     truth)
       step $PY tools/record_truth.py record --out "$W/res/truth" ;;
+    beyond)
+      step $PY -m cpemu.recording.splitk_measure --sets beyond --jobs "$(nproc)" --out "$W/res/measured" ;;
     errors)
       step $PY tools/record_truth.py probe-errors --out "$W/res/errors.json" ;;
     truth2)

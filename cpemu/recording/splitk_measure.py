@@ -5,7 +5,10 @@ Sample sets (each asked for every option combination of ``--combos``):
 * ``gran``: random (M, N) pairs of the split region, every K in steps of 16 from 2576 to
   16384: on which K steps, and for which options, the answer changes;
 * ``large``: random shapes with M, N and K up to 2^17 and model shapes: the laws far out;
-* ``deepk``: small M*N with K up to 2^18: whether the split count saturates.
+* ``deepk``: small M*N with K up to 2^18: whether the split count saturates;
+* ``beyond``: shapes with M, N or K above the profiles' domain (2^17) and up to 2^20: LM heads
+  (N = 151,936 to 262,144), long contexts (M up to 2^20) and deep K; the evidence a profile needs
+  before it answers there (``domain.no_split``: the shapes where nothing can split).
 
     python -m cpemu.recording.splitk_measure --sets gran,large,deepk --jobs 16 --out DIR
 
@@ -29,9 +32,9 @@ from .splitk_table import combos as combo_set
 _Q = None
 
 
-def _init(ws):
+def _init(ws, max_mn=1 << 17):
     global _Q
-    _Q = Querier(ws)
+    _Q = Querier(ws, max_m=max_mn, max_n=max_mn)
 
 
 def _work(task):
@@ -88,7 +91,34 @@ def deepk_shapes():
             for K in list(range(16384, 131073, 4096)) + [196608, 262144]]
 
 
-SETS = {"gran": (gran_shapes, "tensorwise"), "large": (large_shapes, "all"), "deepk": (deepk_shapes, "tensorwise")}
+#: the largest M, N and K of the ``beyond`` set
+BEYOND_MAX = 1 << 20
+#: where the profiles' recorded domain ends today
+DOMAIN_MAX = 1 << 17
+#: vocabulary widths of public LM heads above 2^17
+LM_HEADS = (151936, 152064, 163840, 200064, 201088, 256000, 262144)
+
+
+def beyond_shapes(rng, n=3000):
+    """Shapes with M, N or K above :data:`DOMAIN_MAX` and none above :data:`BEYOND_MAX`."""
+    out = [(M, N, K) for N in LM_HEADS for M in (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384)
+           for K in (2048, 3072, 4096, 5120, 7168, 8192, 12288, 16384)]  # LM heads, decode to prefill
+    long_nk = [(5760, 1920), (12288, 4096), (24576, 8192), (4096, 4096), (4096, 14336), (8192, 8192)]  # Evo 2, FFNs
+    out += [(M, N, K) for M in (196608, 262144, 524288, BEYOND_MAX) for N, K in long_nk + MODEL_NK[:8]]  # long contexts
+    out += [(M, N, K) for M in (1, 2, 16, 256, 4096) for N in (16, 256, 4096, 65536)
+            for K in (196608, 262144, 393216, 524288, BEYOND_MAX)]  # deep K: the bound can exceed 1 here
+    out = dict.fromkeys(out)
+    fixed = len(out)
+    while len(out) < fixed + n:  # random shapes, log-uniform in each dimension, each once
+        M = max(1, int(round(2 ** rng.uniform(0, 20))))
+        N, K = _log16(rng, 20), _log16(rng, 20)
+        if max(M, N, K) > DOMAIN_MAX:
+            out[(M, N, K)] = None
+    return list(out)
+
+
+SETS = {"gran": (gran_shapes, "tensorwise"), "large": (large_shapes, "all"), "deepk": (deepk_shapes, "tensorwise"),
+        "beyond": (beyond_shapes, "all")}
 
 
 def run_set(name, shapes, cs, ws, jobs, chunk=64, echo=print):
@@ -96,7 +126,8 @@ def run_set(name, shapes, cs, ws, jobs, chunk=64, echo=print):
     t0 = time.time()
     ctx = mp.get_context("spawn")
     parts, info = [], None
-    with ctx.Pool(jobs, initializer=_init, initargs=(ws,)) as pool:
+    max_mn = max(1 << 17, max(max(M, N) for M, N, _ in shapes))  # scale and bias vectors of every shape
+    with ctx.Pool(jobs, initializer=_init, initargs=(ws, max_mn)) as pool:
         for k, (arr, info) in enumerate(pool.imap(_work, tasks)):
             parts.append(arr)
             if k % max(1, len(tasks) // 10) == 0:
@@ -116,14 +147,19 @@ def run_set(name, shapes, cs, ws, jobs, chunk=64, echo=print):
 
 
 @click.command()
-@click.option("--sets", default="gran,large,deepk")
+@click.option("--sets", default="gran,large,deepk", help="Comma-separated: gran, large, deepk, beyond.")
 @click.option("--jobs", type=int, default=16)
 @click.option("--seed", type=int, default=21)
 @click.option("--out", "out_dir", required=True)
 def main(sets, jobs, seed, out_dir):
+    names = sets.split(",")
+    for name in names:
+        if name not in SETS:
+            raise click.BadParameter(f"{name!r} is not a sample set; the sets are {', '.join(SETS)}",
+                                     param_hint="--sets")
     os.makedirs(out_dir, exist_ok=True)
     ws, ws_source = probe_workspace()
-    for name in sets.split(","):
+    for name in names:
         make, cset = SETS[name]
         rng = np.random.default_rng(seed)
         shapes = make(rng) if name != "deepk" else make()
