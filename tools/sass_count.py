@@ -7,7 +7,8 @@ Compiles one module of ``cuda_src/`` with the pinned NVRTC (as tools/build_fatbi
 * ``instructions``: the static count and the count per opcode (the opcode without its modifiers);
 * ``loops``: every backward branch's body (its label, the instructions from the label to the
   branch, their opcodes), innermost first: a loop's own count excludes the loops inside it;
-* ``registers``, ``spill_stores``, ``spill_loads``, ``shared_bytes`` (cuobjdump's resource usage).
+* ``local_stores``, ``local_loads``: the static STL and LDL instructions (spills);
+* ``registers``, ``stack``, ``shared_bytes``, ``local_bytes``: cuobjdump's resource usage.
 
     python tools/sass_count.py --module gemm_rzacc_pre --arch sm_90a --out counts.json
     python tools/sass_count.py --module gemm_rzacc_pre --define CPT_PROBE_SKIP=1 --out probe.json
@@ -35,7 +36,6 @@ sys.path.insert(0, str(ROOT / "tools"))
 import build_fatbin as bf  # noqa: E402
 
 _MACRO = re.compile(r"[A-Z_][A-Z0-9_]*=[0-9A-Za-z_]+")
-_FUNC = re.compile(r"^\s*\.text\.(\w+):|^\s*(\w+):\s*$")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)\s*([^;]*);")
 _RES = re.compile(r"Function (\w+):\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
@@ -45,7 +45,7 @@ def parse_sass(text: str) -> dict:
     """nvdisasm's text -> {kernel: [(offset, label or None, opcode, operands)]}."""
     kernels, cur, pending = {}, None, None
     for line in text.splitlines():
-        m = re.match(r"^\s*\.text\.(\w+):", line) or re.match(r"^(\w+):\s*$", line.strip() and line)
+        m = re.match(r"^\s*\.text\.(\w+):", line) or re.match(r"^(\w+):\s*$", line)
         if m and not line.lstrip().startswith(".L_"):
             cur = m.group(1)
             kernels.setdefault(cur, [])
