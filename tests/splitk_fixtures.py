@@ -1,4 +1,6 @@
-"""Shared by the split-K record's tests: a made-up heuristic and a small plan."""
+"""Shared by the split-K tests: a made-up heuristic, a small plan and the split bound written out."""
+
+import numpy as np
 
 from cpemu.recording import splitk_enum as se
 
@@ -33,3 +35,10 @@ def tail_cut(K, s):
 #: a split-region shape that the complete record reaches last (it asks M ascending, then N), so
 #: the shipped tables do not answer it: cpemu refuses it as unrecorded
 UNRECORDED = (2000, 48, 5184)
+
+
+def bound_u(bound, M, N, K):
+    """The split bound in numpy, from a profile's parameters (not cpemu.splitk's code)."""
+    n32 = -(-N // bound["n_align"]) * bound["n_align"]
+    per = bound["bytes_per_partial"] * M * n32
+    return np.minimum(-(-K // bound["k_per_split"]) - 1, (bound["workspace_bytes"] - bound["workspace_reserve"]) // per)

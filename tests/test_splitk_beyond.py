@@ -19,6 +19,7 @@ from cpemu.profile import Profile
 from cpemu.recording import splitk_measure as sm
 from cpemu.schedule import UnsupportedShape
 from cpemu.splitk import SplitKRule
+from splitk_fixtures import bound_u
 
 H200 = cpemu.get_profile("hopper-h200-torch")
 TW = H200.data["modes"]["tensorwise"]["split_k"]
@@ -27,9 +28,7 @@ WIDE = {"M": [1, 1 << 20], "N": [16, 1 << 20], "K": [16, 1 << 20], "source": "te
 
 
 def _u(M, N, K):
-    n32 = -(-N // BOUND["n_align"]) * BOUND["n_align"]
-    per = BOUND["bytes_per_partial"] * M * n32
-    return min(-(-K // BOUND["k_per_split"]) - 1, (BOUND["workspace_bytes"] - BOUND["workspace_reserve"]) // per)
+    return int(bound_u(BOUND, M, N, K))
 
 
 def _rule(no_split=WIDE, kind="rule"):

@@ -18,6 +18,7 @@ import pytest
 
 import cpemu
 from cpemu.recording import splitk_enum as se
+from splitk_fixtures import bound_u as _u  # noqa: E402
 from splitk_fixtures import checked_split as _checked  # noqa: E402
 from splitk_fixtures import UNRECORDED, fake_answer as _fake, small_plan as _small_plan, tail_cut  # noqa: E402
 from cpemu.recording.splitk_rule import law_counts, rows_of
@@ -30,13 +31,6 @@ MEASURED = [os.path.join(DATA, "measured", f"{n}.npz") for n in ("deepk", "gran"
 PROFILE = cpemu.get_profile("hopper-h200-torch")
 PARAMS = PROFILE.data["modes"]["tensorwise"]["split_k"]["params"]
 BOUND = PARAMS["bound"]
-
-
-def _u(bound, M, N, K):
-    """The bound in numpy, from the profile's parameters (not cpemu.splitk's code)."""
-    n32 = -(-N // bound["n_align"]) * bound["n_align"]
-    per = bound["bytes_per_partial"] * M * n32
-    return np.minimum(-(-K // bound["k_per_split"]) - 1, (bound["workspace_bytes"] - bound["workspace_reserve"]) // per)
 
 
 def _slices(K, s):
