@@ -311,3 +311,19 @@ def test_designed_large_suite():
         assert profile.call(s["M"], s["N"], s["K"], s["a_format"], s["b_format"], s["out_dtype"], s["scaling"],
                             s["fast_accum"]).plan.splits == 1
     assert sigs == list(lp.designed_calls(profile, 3))
+
+
+def test_designed_beyond_suite():
+    """The beyond suite: each shape above 131072 in some dimension and at most 2^20, and nothing can
+    split there by the written-out bound (u <= 1): LM heads, Evo 2 at M = 2^18 and 2^20, K = 2^18."""
+    from splitk_fixtures import bound_u
+
+    bound = H200.data["modes"]["tensorwise"]["split_k"]["params"]["bound"]
+    sigs = list(lp.designed_calls(H200, 3, shapes=lp.DESIGNED["beyond"], source="designed-beyond"))
+    assert len(sigs) == len(lp.BEYOND_SHAPES) * len(lp.LARGE_OPTIONS)
+    for M, N, K in lp.BEYOND_SHAPES:
+        assert 131072 < max(M, N, K) <= 1 << 20 and N % 16 == 0 and K % 16 == 0, (M, N, K)
+        assert int(bound_u(bound, M, N, K)) <= 1, (M, N, K)
+    for ax, want in (("M", 1 << 20), ("N", 262144), ("K", 262144)):
+        assert max(s[ax] for s in sigs) == want
+    assert {s["source"] for s in sigs} == {"designed-beyond"} and not any(s["split_region"] for s in sigs)

@@ -52,8 +52,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpemu  # noqa: E402
 from cpemu.backends import on_host  # noqa: E402
 from parity_calls import (  # noqa: E402,F401  (the calls; the tests reach them here too)
-    FP8, LARGE_OPTIONS, LARGE_SHAPES, MODEL_NK, TOKEN_RANGES, Operands, _codes, _domain, _gauss_table,
-    designed_calls, draw_calls, in_domain, split_region,
+    BEYOND_SHAPES, DESIGNED, FP8, LARGE_OPTIONS, LARGE_SHAPES, MODEL_NK, TOKEN_RANGES, Operands, _codes, _domain,
+    _gauss_table, designed_calls, draw_calls, in_domain, split_region,
 )
 
 TOOL, VERSION = "live_parity", 1
@@ -321,9 +321,10 @@ def _backends(spec: str, profile) -> tuple[dict, list]:
               help="torch device of the native calls and the drop-in ('cpu' runs torch's CPU kernel: a dry run).")
 @click.option("--only", default=None,
               help="Comma-separated call indices: run only these of the draw (same seed and options re-run them).")
-@click.option("--designed", type=click.Choice(["large"]), default=None,
+@click.option("--designed", type=click.Choice(["large", "beyond"]), default=None,
               help="Run a designed suite instead of a random draw: 'large' (shapes above 16384 in each "
-                   "dimension where nothing splits, Evo 2 at M = 32768; tensorwise and rowwise).")
+                   "dimension where nothing splits, Evo 2 at M = 32768; tensorwise and rowwise) or 'beyond' "
+                   "(above 131072 in some dimension where nothing splits: LM heads, M up to 2^20, K = 2^18).")
 def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share, split_share, outside_share,
          max_mac, max_bytes, reference_max_mac, device, only, designed):
     """Native torch._scaled_mm against cpemu on fresh random calls; exit 1 on any failure."""
@@ -345,7 +346,7 @@ def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share,
                       outside_share=outside_share, max_mac=max_mac, max_bytes=max_bytes)
     total = calls
     if designed:
-        sigs = list(designed_calls(profile, seed))
+        sigs = list(designed_calls(profile, seed, shapes=DESIGNED[designed], source=f"designed-{designed}"))
         total = calls = len(sigs)
     if only:
         try:

@@ -179,7 +179,15 @@ LARGE_OPTIONS = (("tensorwise", "bfloat16", True, ("e4m3", "e4m3")), ("tensorwis
                  ("rowwise", "bfloat16", True, ("e4m3", "e4m3")))
 
 
-def designed_calls(profile, seed: int, shapes=LARGE_SHAPES, options=LARGE_OPTIONS):
+#: shapes above 131072 in some dimension where nothing can split (the bound u <= 1): the profile's
+#: domain.no_split against native outputs (LM heads of 151,936 to 262,144 columns at decode and prefill,
+#: Evo 2 shapes at M = 2^18 and 2^20, K = 2^18)
+BEYOND_SHAPES = ((1, 151936, 4096), (16, 151936, 3584), (2048, 151936, 3584), (1, 262144, 2560), (8, 256000, 4608),
+                 (262144, 4096, 4096), (1048576, 512, 2048), (163840, 5120, 4096), (4096, 4096, 262144))
+DESIGNED = {"large": LARGE_SHAPES, "beyond": BEYOND_SHAPES}
+
+
+def designed_calls(profile, seed: int, shapes=LARGE_SHAPES, options=LARGE_OPTIONS, source="designed-large"):
     """Signatures of every shape x option of a designed suite (gauss data, scales drawn from ``seed``)."""
     rng = np.random.default_rng(seed)
     i = 0
@@ -187,7 +195,7 @@ def designed_calls(profile, seed: int, shapes=LARGE_SHAPES, options=LARGE_OPTION
         for scaling, out_dtype, fast, (fa, fb) in options:
             if scaling not in profile.data["modes"]:
                 continue
-            yield {"index": i, "M": M, "N": N, "K": K, "source": "designed-large", "a_format": fa, "b_format": fb,
+            yield {"index": i, "M": M, "N": N, "K": K, "source": source, "a_format": fa, "b_format": fb,
                    "out_dtype": out_dtype, "scaling": scaling, "scales": _scales(rng, scaling), "bias": None,
                    "fast_accum": fast, "data": "gauss", "seed": int(rng.integers(2 ** 63)), "outside": None,
                    "model_like": True, "split_region": split_region(profile, scaling, M, N, K)}
