@@ -319,7 +319,7 @@ def test_designed_beyond_suite():
     from splitk_fixtures import bound_u
 
     bound = H200.data["modes"]["tensorwise"]["split_k"]["params"]["bound"]
-    sigs = list(lp.designed_calls(H200, 3, shapes=lp.DESIGNED["beyond"], source="designed-beyond"))
+    sigs = list(lp.designed_calls(H200, 3, "beyond"))
     assert len(sigs) == len(lp.BEYOND_SHAPES) * len(lp.LARGE_OPTIONS)
     for M, N, K in lp.BEYOND_SHAPES:
         assert 131072 < max(M, N, K) <= 1 << 20 and N % 16 == 0 and K % 16 == 0, (M, N, K)

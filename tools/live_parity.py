@@ -321,7 +321,7 @@ def _backends(spec: str, profile) -> tuple[dict, list]:
               help="torch device of the native calls and the drop-in ('cpu' runs torch's CPU kernel: a dry run).")
 @click.option("--only", default=None,
               help="Comma-separated call indices: run only these of the draw (same seed and options re-run them).")
-@click.option("--designed", type=click.Choice(["large", "beyond"]), default=None,
+@click.option("--designed", type=click.Choice(list(DESIGNED)), default=None,
               help="Run a designed suite instead of a random draw: 'large' (shapes above 16384 in each "
                    "dimension where nothing splits, Evo 2 at M = 32768; tensorwise and rowwise) or 'beyond' "
                    "(above 131072 in some dimension where nothing splits: LM heads, M up to 2^20, K = 2^18).")
@@ -346,7 +346,7 @@ def main(calls, seed, profile_name, backend_spec, out, max_seconds, model_share,
                       outside_share=outside_share, max_mac=max_mac, max_bytes=max_bytes)
     total = calls
     if designed:
-        sigs = list(designed_calls(profile, seed, shapes=DESIGNED[designed], source=f"designed-{designed}"))
+        sigs = list(designed_calls(profile, seed, designed))
         total = calls = len(sigs)
     if only:
         try:

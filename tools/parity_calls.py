@@ -187,11 +187,13 @@ BEYOND_SHAPES = ((1, 151936, 4096), (16, 151936, 3584), (2048, 151936, 3584), (1
 DESIGNED = {"large": LARGE_SHAPES, "beyond": BEYOND_SHAPES}
 
 
-def designed_calls(profile, seed: int, shapes=LARGE_SHAPES, options=LARGE_OPTIONS, source="designed-large"):
-    """Signatures of every shape x option of a designed suite (gauss data, scales drawn from ``seed``)."""
+def designed_calls(profile, seed: int, suite: str = "large", options=LARGE_OPTIONS):
+    """Signatures of every shape x option of a designed suite (``DESIGNED[suite]``; gauss data, scales
+    drawn from ``seed``); their source is ``designed-<suite>``."""
     rng = np.random.default_rng(seed)
     i = 0
-    for M, N, K in shapes:
+    source = f"designed-{suite}"
+    for M, N, K in DESIGNED[suite]:
         for scaling, out_dtype, fast, (fa, fb) in options:
             if scaling not in profile.data["modes"]:
                 continue
