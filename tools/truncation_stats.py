@@ -19,7 +19,13 @@ positive:
 * ``zero``: a zero product.
 
 Per (output, step) it also counts ``c_sets_emax``: the accumulator's exponent is at least
-every product's, so the grid of that step is set by ``c``, which depends on every step before.
+every product's, so the grid of that step is set by ``c``, which depends on every step before;
+``bound_decides``: the row's and the column's largest exponents already bound every product by
+``c``'s (the step's e_max is then known without pass 1); ``c_keeps_binade``: ``c`` and the step's
+result are nonzero with the same sign and exponent; ``steady``: both that and ``c_sets_emax``, the
+steps after which a biased accumulator (cuda-rzacc's) would need no rounding and no new base.
+``thread_tiles_steady`` is the share of (8 x 4 outputs, step) tiles, one thread's outputs in
+cuda-rzacc's large geometry, in which every output is steady (where M and N allow such tiles).
 Writes JSON (the counts and fractions per profile and data kind, the options, the versions).
 """
 
@@ -42,6 +48,8 @@ from cpemu.formats import FP8_FORMATS  # noqa: E402
 from cpemu.profile import get_profile  # noqa: E402
 
 DATA_ALIASES = {"adversarial": "spread"}
+#: one thread's outputs in cuda-rzacc's large geometry (rows, columns)
+TILE = (8, 4)
 
 
 def chain_stats(a_codes, bt_codes, model) -> dict:
@@ -51,7 +59,9 @@ def chain_stats(a_codes, bt_codes, model) -> dict:
     M, K = a_codes.shape
     N = bt_codes.shape[0]
     S0 = model.F - 2 * fmt.frac_bits
-    counts = dict(products=0, zero=0, kept=0, lost_bits=0, to_zero=0, steps=0, c_sets_emax=0)
+    counts = dict(products=0, zero=0, kept=0, lost_bits=0, to_zero=0, steps=0, c_sets_emax=0, bound_decides=0,
+                  c_keeps_binade=0, steady=0, thread_tiles=0, thread_tiles_steady=0)
+    tiled = M % TILE[0] == 0 and N % TILE[1] == 0
     c = np.zeros((M, N), dtype=np.float32)
     for k in range(0, K, model.L):
         ks = slice(k, min(k + model.L, K))
@@ -70,13 +80,31 @@ def chain_stats(a_codes, bt_codes, model) -> dict:
         counts["lost_bits"] += int(lost.sum())
         counts["to_zero"] += int((nz & (drop > 0) & ((P >> np.clip(drop, 0, 62)) == 0)).sum())
         counts["steps"] += M * N
-        counts["c_sets_emax"] += int(((cm > 0) & (ce >= pmax)).sum())
+        sets = (cm > 0) & (ce >= pmax)
+        counts["c_sets_emax"] += int(sets.sum())
+        ea = np.where(a.m > 0, a.e_nz, -10**6).max(axis=-1).astype(np.int64)
+        eb = np.where(b.m > 0, b.e_nz, -10**6).max(axis=-1).astype(np.int64)
+        counts["bound_decides"] += int(((cm > 0) & (ea[:, None] + eb[None, :] <= ce)).sum())
+        cs, _, _ = ref._split_fp32(c, model.e_zero)
         c = ref.tfdpa(c, a, b, model)
+        cs2, cm2, ce2 = ref._split_fp32(c, model.e_zero)
+        keeps = (cm > 0) & (cm2 > 0) & (ce2 == ce) & (cs2 == cs)
+        steady = sets & keeps
+        counts["c_keeps_binade"] += int(keeps.sum())
+        counts["steady"] += int(steady.sum())
+        if tiled:
+            t = steady.reshape(M // TILE[0], TILE[0], N // TILE[1], TILE[1]).all(axis=(1, 3))
+            counts["thread_tiles"] += t.size
+            counts["thread_tiles_steady"] += int(t.sum())
     n = counts["products"]
     return {**counts, "fractions": {"zero": counts["zero"] / n, "kept": counts["kept"] / n,
                                     "lost_bits": counts["lost_bits"] / n, "to_zero": counts["to_zero"] / n,
                                     "lost_bits_of_nonzero": counts["lost_bits"] / max(1, n - counts["zero"]),
-                                    "c_sets_emax_of_steps": counts["c_sets_emax"] / counts["steps"]}}
+                                    "c_sets_emax_of_steps": counts["c_sets_emax"] / counts["steps"],
+                                    "bound_decides_of_steps": counts["bound_decides"] / counts["steps"],
+                                    "c_keeps_binade_of_steps": counts["c_keeps_binade"] / counts["steps"],
+                                    "steady_of_steps": counts["steady"] / counts["steps"],
+                                    "thread_tiles_steady": counts["thread_tiles_steady"] / max(1, counts["thread_tiles"])}}
 
 
 @click.command()
@@ -115,7 +143,10 @@ def main(shapes, M, N, data_text, profiles, seed, out_path):
                 click.echo(f"{shape:9s} {pname:22s} {data:12s} lost bits {f['lost_bits']:.3f} of products "
                            f"({f['lost_bits_of_nonzero']:.3f} of nonzero), to zero {f['to_zero']:.3f}, "
                            f"kept {f['kept']:.3f}, zero {f['zero']:.3f}; "
-                           f"c sets e_max in {f['c_sets_emax_of_steps']:.3f} of steps")
+                           f"c sets e_max in {f['c_sets_emax_of_steps']:.3f} of steps, the bound decides it in "
+                           f"{f['bound_decides_of_steps']:.3f}, c keeps its binade in {f['c_keeps_binade_of_steps']:.3f}, "
+                           f"both in {f['steady_of_steps']:.3f}; every output of an 8 x 4 tile steady in "
+                           f"{f['thread_tiles_steady']:.3f}")
     with open(out_path, "w") as fh:
         json.dump(out, fh, indent=1)
     click.echo(f"wrote {out_path}")
