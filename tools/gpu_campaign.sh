@@ -9,12 +9,15 @@
 #             (RECORD_JOBS), skipping the pairs of RECORD_TABLE (default the shipped table; empty: none); runs
 #             beside the steps after it (tests/data/h200-splitk/complete/README.md says how to merge). A range
 #             beside the default plan: RECORD_ARGS="--n-min 65552 --n-max 131072" RECORD_TABLE= (its first run)
+#   AS_H200=1: run every step through tools/as_h200.sh (an H100 reporting the H200's device attributes, so that
+#             cuBLASLt's heuristic answers as the H200's: tests/data/h100-splitk/as-h200/README.md)
 # Writes OUTDIR/campaign.tar.gz (all results) and OUTDIR/campaign.log.
 set -u
 OUTDIR=${1:?usage: gpu_campaign.sh OUTDIR [steps]}
 shift
 STEPS=${*:-truth errors heur}
 PY=${PYTHON:-python3}
+if [ "${AS_H200:-0}" = 1 ]; then PY="$(dirname "$0")/as_h200.sh $PY"; fi
 W=$(mktemp -d)
 LOG="$OUTDIR/campaign.log"
 mkdir -p "$OUTDIR" "$W/res"
