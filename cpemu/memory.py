@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["OutputTooLarge", "available_bytes", "machine_bytes", "cgroup_bytes", "address_space_bytes", "check_output", "check_bytes", "gib", "USABLE_SHARE"]
+__all__ = ["OutputTooLarge", "available_bytes", "machine_bytes", "cgroup_bytes", "address_space_bytes",
+           "check_output", "check_bytes", "gib", "USABLE_SHARE"]
 
 #: the share of the available memory a call may take (the rest stays for the machine's other work)
 USABLE_SHARE = 0.8

@@ -79,7 +79,7 @@ static CUresult my_gpa(const char *sym, void **pfn, int ver, uint64_t flags);
 static CUresult my_gpa2(const char *sym, void **pfn, int ver, uint64_t flags, void *st);
 static void *wrap_gpa(const char *sym, void *p) {
     if (!p || !sym) return p;
-    if (!strcmp(sym, "cuGetProcAddress")) { if (!real_gpa) real_gpa = p; else if (p != (void*)my_gpa) real_gpa = p; return (void *)my_gpa; }
+    if (!strcmp(sym, "cuGetProcAddress")) { if (p != (void *)my_gpa) real_gpa = p; return (void *)my_gpa; }
     if (!strcmp(sym, "cuGetProcAddress_v2")) { real_gpa2 = p; return (void *)my_gpa2; }
     return wrap(sym, p);
 }
