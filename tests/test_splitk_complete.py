@@ -24,7 +24,7 @@ from splitk_fixtures import UNRECORDED, fake_answer as _fake, small_plan as _sma
 from cpemu.recording.splitk_rule import law_counts, rows_of
 from cpemu.schedule import UnsupportedShape
 from cpemu.splitk import SplitKRule, combo_key, split_bound
-from cpemu.splitk_complete import load_complete
+from cpemu.splitk_complete import NONE, load_complete
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "h200-splitk")
 MEASURED = [os.path.join(DATA, "measured", f"{n}.npz") for n in ("deepk", "gran", "large")]
@@ -587,6 +587,42 @@ def test_k_law_holds_on_the_recorded_answers():
             assert (col == col[rep]).all(), (int(key) >> 20, int(key) & 0xFFFFF, j)
             cols += 1
     assert cols == K_LAW_EVIDENCE_PAIRS * 18
+
+
+def test_bound_holds_on_every_answer_of_the_complete_table():
+    """The split bound u on every answer the shipped complete table holds: every recorded pair, every
+    combination, every K of the grid (58,482 x 18 x 3,776 answers): none splits into more than u.
+
+    Read from the stored runs: a stored slot is one alignment class of one 128-wide K block, and the
+    K bound is the same for every K of a block (2560 is 20 blocks), so a run's smallest bound is the
+    one of its first block, or of the grid's first block where the run crosses into the next class.
+    A run stored as SAME is its base combination's answer at the same K, checked with the base."""
+    table = load_complete(PARAMS["complete_file"])
+    m = table.meta
+    assert m["store"] == "k-law" and BOUND["k_per_split"] % 128 == 0 and BOUND["n_align"] == 32
+    b0, nk = (m["k0"] - 1) // 128, m["nk"]
+    nb = (m["k0"] + m["k_step"] * (nk - 1) - 1) // 128 - b0 + 1
+    slots = 3 * nb
+    assert len(np.unique(table.index)) == slots and table.index.max() == slots - 1  # every K of the grid has a slot
+    keys = table.pairs.astype(np.int64)
+    M, N = keys >> 20, keys & 0xFFFFF
+    room = (BOUND["workspace_bytes"] - BOUND["workspace_reserve"]) // (BOUND["bytes_per_partial"] * M * (-(-N // 32) * 32))
+    splits = table.configs[:, table.split_col].astype(np.int64)
+    from cpemu.splitk_complete import SAME
+    answers = over = 0
+    for j in table.combo.values():
+        off, end, cfg = (x.astype(np.int64) for x in table.runs[j])
+        pair = np.repeat(np.arange(len(keys)), np.diff(off))
+        start = np.concatenate(([0], end[:-1]))
+        start[off[:-1][np.diff(off) > 0]] = 0  # each pair's runs start at slot 0
+        assert (end[off[1:] - 1] == slots).all() and (start < end).all()  # the runs cover every slot once
+        answers += int((end - start).sum()) * nk // slots
+        block = np.where(start // nb == (end - 1) // nb, start % nb, 0) + b0
+        u = np.maximum(np.minimum(-(-(128 * (block + 1)) // BOUND["k_per_split"]) - 1, room[pair]), 1)
+        stored = (cfg != SAME) & (cfg != NONE)
+        over += int((splits[np.where(stored, cfg, 0)] > u)[stored].sum())
+    assert over == 0
+    assert answers == RECORD_PAIRS * 18 * nk == 3974904576
 
 
 def test_k_law_storage_order():
