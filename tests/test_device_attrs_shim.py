@@ -107,3 +107,27 @@ def test_as_h200_values_are_the_h200_s_recorded_attributes():
              "37": "global_memory_bus_width", "38": "l2_cache_size", "108": "max_persisting_l2_cache_size"}
     assert {k: int(v) for k, v in attrs.items()} == {k: rec[n] for k, n in names.items()}
     assert int(re.search(r"SPOOF_TOTAL_MEM=(\d+)", script)[1]) == rec["total_memory"]
+
+
+NEXT_CALLER = textwrap.dedent("""
+    import ctypes, sys
+    print(ctypes.CDLL(sys.argv[1]).ask())
+""")
+
+
+def test_rtld_next_lookups_search_after_their_caller(built, tmp_path):
+    """dlsym(RTLD_NEXT, ...) through the shim finds the definition after the caller's library, as without
+    the shim (an interposing library asking for the function it wraps gets the wrapped one, not itself)."""
+    (tmp_path / "b.c").write_text("int who(void) { return 3; }\n")
+    (tmp_path / "a.c").write_text("#define _GNU_SOURCE\n#include <dlfcn.h>\nint who(void) { return 2; }\n"
+                                  "int ask(void) { int (*f)(void) = (int (*)(void))dlsym(RTLD_NEXT, \"who\");"
+                                  " return f ? f() : -1; }\n")
+    (tmp_path / "caller.py").write_text(NEXT_CALLER)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libb.so"), str(tmp_path / "b.c")], check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "liba.so"), str(tmp_path / "a.c"),
+                    "-Wl,--no-as-needed", "-L" + str(tmp_path), "-lb", "-Wl,-rpath," + str(tmp_path), "-ldl"], check=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    cmd = [sys.executable, str(tmp_path / "caller.py"), str(tmp_path / "liba.so")]
+    for extra in ({}, {"LD_PRELOAD": str(built / "shim.so")}):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env | extra, timeout=120)
+        assert (r.returncode, r.stdout) == (0, "3\n"), (extra, r.stderr)

@@ -6,6 +6,7 @@
 // cuGetProcAddress, wraps cuDeviceGetAttribute, cuDeviceTotalMem and cuDeviceGetName.
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,11 +94,29 @@ static CUresult my_gpa2(const char *sym, void **pfn, int ver, uint64_t flags, vo
     if (r == 0 && pfn) *pfn = wrap_gpa(sym, *pfn);
     return r;
 }
+// dlsym(RTLD_NEXT, sym) for the caller, not for the shim: the first definition in an object loaded after
+// the caller's (glibc would take the shim as the caller, since the call comes from here).
+static void *next_after(const void *caller, const char *sym) {
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (!dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm) return real_dlsym(RTLD_NEXT, sym);
+    for (struct link_map *o = lm->l_next; o; o = o->l_next) {
+        if (!o->l_name || !o->l_name[0]) continue;
+        void *h = dlopen(o->l_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) continue;
+        void *p = real_dlsym(h, sym);
+        struct link_map *at = NULL;
+        int here = p && dladdr1(p, &info, (void **)&at, RTLD_DL_LINKMAP) && at == o;
+        dlclose(h);
+        if (here) return p;
+    }
+    return NULL;
+}
 void *dlsym(void *h, const char *sym) {
     if (!real_dlsym) {
         real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
         if (!real_dlsym) real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
     }
-    void *p = real_dlsym(h, sym);
+    void *p = h == RTLD_NEXT ? next_after(__builtin_return_address(0), sym) : real_dlsym(h, sym);
     return wrap_gpa(sym, p);
 }
