@@ -54,3 +54,30 @@ def test_live_parity_refusals_are_refused(M, N, K, b, out):
     assert "no algorithm" in _refused(M, N, K, "e4m3", b, out, True, True)
     assert _refused(M, N, K, "e4m3", b, out, False, True) is None  # promoted accumulation has one
     assert _refused(M, N, K, "e4m3", b, out, True, False) is None  # so has no bias
+
+
+def test_with_bias_an_algorithm_is_the_one_without_bias_where_its_custom_option_is_not_0():
+    """A law of the recorded answers (not used by the profile, which does not record the rowwise
+    answers without bias): with rowwise scales, bias and fast accumulation the heuristic has an
+    algorithm exactly where its answer without bias has CUSTOM_OPTION != 0, and then it is that
+    answer (every field, workspace included). Where the split bound is <= 1 every answer without
+    bias has custom option 1 or 3; inside the region most have 0."""
+    d = np.load(LARGE)
+    combos = json.loads(str(d["combos"]))
+    ids, configs = d["ids"], d["configs"]
+    custom = json.loads(str(d["meta"]))["fields"].index("custom_option")
+    checked = with_algo = 0
+    for j, c in enumerate(combos):
+        if c["scale_mode"] != "rowwise" or not c["bias"] or not c["fast_accum"]:
+            continue
+        twin = [i for i, t in enumerate(combos) if t == {**c, "bias": False}]
+        assert len(twin) == 1, c
+        plain = ids[:, twin[0]]
+        assert (plain >= 0).all()  # without bias there is always one
+        has = ids[:, j] >= 0
+        law = configs[plain, custom] != 0
+        assert (has == law).all(), (c, int((has != law).sum()))
+        assert (ids[has, j] == plain[has]).all(), c
+        checked += len(has)
+        with_algo += int(has.sum())
+    assert checked == 6 * 12064 and with_algo == 6 * 12064 - 39695
