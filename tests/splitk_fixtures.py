@@ -34,7 +34,7 @@ def tail_cut(K, s):
 
 #: a split-region shape that the complete record reaches last (it asks M ascending, then N), so
 #: the shipped tables do not answer it: cpemu refuses it as unrecorded
-UNRECORDED = (2000, 48, 5184)
+UNRECORDED = (4000, 16, 5184)
 
 
 def bound_u(bound, M, N, K):

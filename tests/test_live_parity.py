@@ -282,10 +282,21 @@ def test_command_dry_run_on_the_cpu(tmp_path):
     assert rec["calls_run"] == 8 and rec["complete"] and rec["options"]["backends"] == ["reference", "torch"]
     env = rec["environment"]
     assert env["torch"] and env["cpemu_commit"] and env["profile_match"]["verdict"] == "differs"
+    assert "nvidia_smi_gpu" in env and env["reported_attributes"] is None  # no shim: nothing reported in place
     assert [e["signature"] for e in rec["calls"]] == _sigs(8, seed=2, model_share=0.5, outside_share=0.05)
     assert "8 calls in" in r.output
     r = CliRunner().invoke(lp.main, args[:-2] + ["--only", "3,5", "--out", str(out)])
     assert [e["signature"]["index"] for e in json.loads(out.read_text())["calls"]] == [3, 5]
+
+
+def test_record_names_the_attributes_a_shim_reports(monkeypatch):
+    """Under tools/as_h200.sh the CUDA driver names another GPU; the record keeps what the shim reports."""
+    import cpemu
+
+    monkeypatch.setenv("SPOOF_NAME", "NVIDIA H200")
+    monkeypatch.setenv("SPOOF_ATTRS", "16=132")
+    env = lp.environment(cpemu.get_profile(cpemu.DEFAULT_PROFILE))
+    assert env["reported_attributes"] == {"SPOOF_NAME": "NVIDIA H200", "SPOOF_ATTRS": "16=132"}
 
 
 def test_split_share_draws_inside_the_split_region():

@@ -282,7 +282,12 @@ def environment(profile) -> dict:
             "cpemu": cpemu.__version__, "cpemu_commit": _run_text(["git", "-C", here, "rev-parse", "HEAD"]),
             "cpemu_tree_modified": bool(dirty), "python": sys.version.split()[0], "numpy": np.__version__,
             "cupy": getattr(sys.modules.get("cupy"), "__version__", None),
-            "profile_match": devicematch.match(profile.data, found)}
+            "profile_match": devicematch.match(profile.data, found),
+            # NVML's name of the card (the CUDA driver's may be another GPU's, under tools/as_h200.sh) and the
+            # attributes such a shim reports in its place
+            "nvidia_smi_gpu": _run_text(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]),
+            "reported_attributes": {k: os.environ[k] for k in ("SPOOF_NAME", "SPOOF_ATTRS", "SPOOF_TOTAL_MEM")
+                                    if k in os.environ} or None}
 
 
 def _backends(spec: str, profile) -> tuple[dict, list]:
