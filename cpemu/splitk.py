@@ -181,12 +181,15 @@ def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, com
     if isinstance(s, dict):
         s = _verified(params, s, M, N, K, key, tail, granularity)
     if s is None:
+        # beyond every complete table's plan the split region is outside the recorded domain; inside a plan
+        # the shape is one the record has not reached yet
+        beyond = _beyond_complete(params, base_dir, N, K)
         raise UnsupportedShape(
             f"cuBLASLt may split K for M={M}, N={N}, K={K} ({key}): up to {u} slices fit the K and workspace "
             f"bounds, and this shape's split-K count is not in the profile's recorded tables"
-            f"{_beyond_complete(params, base_dir, N, K)}; record it on the "
+            f"{beyond}; record it on the "
             f"GPU with python -m cpemu.recording.splitk_enum, or state the count with cpemu.gemm(..., split_k=s) "
-            f"(cpemu does not guess)", "unrecorded")
+            f"(cpemu does not guess)", "outside-domain" if beyond else "unrecorded")
     if s == "x":
         raise UnsupportedShape(f"cuBLASLt has no algorithm for M={M}, N={N}, K={K} ({key}); torch raises here",
                                "no-algorithm")

@@ -232,13 +232,14 @@ def test_domain_edges():
                                                r"profile's recorded tables"):
         p.plan(4000, 16, 65536, True)  # open (u = 2), M = 4000 not recorded yet
     with pytest.raises(UnsupportedShape, match=r"not in the profile's recorded tables \(the complete table's plan "
-                                               r"holds N <= 65536 and K <= 65536 only\)"):
+                                               r"holds N <= 65536 and K <= 65536 only\)") as e:
         p.plan(1, 16, 65552, True)  # K beyond the complete record's grid
+    assert e.value.reason == "outside-domain"  # the split region's recorded domain ends with the plans
     with pytest.raises(UnsupportedShape, match=r"plan holds N <= 65536 and K <= 65536 only"):
         p.plan(1, 65552, 6144, True)  # N beyond it
     with pytest.raises(UnsupportedShape) as e:
         p.plan(4000, 16, 65536, True)
-    assert "plan holds" not in str(e.value)  # inside the plan: only not recorded yet
+    assert "plan holds" not in str(e.value) and e.value.reason == "unrecorded"  # inside the plan: only not recorded yet
 
 
 

@@ -72,25 +72,25 @@ def test_check_counts_and_exit_rows():
 
 def test_refusals_count_without_the_heuristic():
     """--no-heuristic counts what the profile answers and refuses on a draw, without judging: an unsplit
-    shape and a recorded split pair are answered, an unrecorded split pair is refused as unrecorded;
-    on a draw every shape lands in exactly one count, and the split region holds every refusal for an
-    unrecorded pair."""
+    shape and a recorded split pair are answered, an unrecorded split pair is refused as unrecorded, a split
+    shape beyond every table's plan as outside the domain; on a draw every shape lands in exactly one count,
+    and the split region holds every refusal for an unrecorded pair."""
     cs = hd.combos("all")
     j = next(i for i, c in enumerate(cs) if (c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"], c["bias"],
                                               c["scale_mode"]) == ("e4m3", "e4m3", "bfloat16", True, False, "tensorwise"))
     res = hd.refusals([(64, 4096, 4096, j), (1, 1536, 7168, j), (*UNRECORDED, j)], PROFILE)
     assert res["counts"] == {"unsplit": {"answered": 1}, "split": {"answered": 1, "refused:unrecorded": 1}}
-    assert res["unrecorded"] == {"in a plan": 1}
+    assert res["unrecorded"] == {"in a plan": 1} and res["outside_domain"] == {}
     # beyond the shipped table's plan (N and K up to 65536), by axis
     res = hd.refusals([(1, 16, 65552, j), (1, 65552, 6144, j), (1, 65552, 65552, j)], PROFILE)
-    assert res["counts"] == {"split": {"refused:unrecorded": 3}, "unsplit": {}}
-    assert res["unrecorded"] == {"K above": 1, "N above": 1, "N and K above": 1}
+    assert res["counts"] == {"split": {"refused:outside-domain": 3}, "unsplit": {}}
+    assert res["outside_domain"] == {"K above": 1, "N above": 1, "N and K above": 1} and res["unrecorded"] == {}
     items = hd.draw(300, 3, PROFILE, split_share=0.3)
     res = hd.merge_results([hd.refusals(items[:100], PROFILE), hd.refusals(items[100:], PROFILE)])
     assert sum(res["total"].values()) == 300 and res["total"]["answered"] > 150
     assert "refused:unrecorded" not in res["counts"]["unsplit"]
-    assert sum(res["unrecorded"].values()) == res["total"].get("refused:unrecorded", 0) > 0
+    assert sum(res["unrecorded"].values()) == res["total"].get("refused:unrecorded", 0)
+    assert set(res["unrecorded"]) <= {"in a plan"}
     beyond = sum(1 for M, N, K, i in items if split_bound(PARAMS["bound"], M, N, K) >= 2 and max(N, K) > 65536
                  and cs[i]["scale_mode"] == "tensorwise")
-    assert res["unrecorded"].get("K above", 0) + res["unrecorded"].get("N above", 0) \
-        + res["unrecorded"].get("N and K above", 0) == beyond
+    assert sum(res["outside_domain"].values()) == res["total"].get("refused:outside-domain", 0) == beyond > 0

@@ -118,24 +118,24 @@ def where_unrecorded(ranges, N: int, K: int) -> str:
 
 def refusals(items, profile) -> dict:
     """Per region, how many of ``items`` the profile answers (``answered``) and refuses (``refused:<reason>``),
-    and the unrecorded ones by where they lie (:func:`where_unrecorded`); no heuristic is asked, so nothing
-    is judged."""
+    and the unrecorded ones (inside a table's plan) and those outside the recorded domain (beyond every plan)
+    by where they lie (:func:`where_unrecorded`); no heuristic is asked, so nothing is judged."""
     cs = combos("all")
     bound = profile.data["modes"]["tensorwise"]["split_k"]["params"]["bound"]
     ranges = plan_ranges(profile)
     counts = {"split": Counter(), "unsplit": Counter()}
-    unrecorded = Counter()
+    unrecorded, outside = Counter(), Counter()
     for M, N, K, j in items:
         try:
             _plan(profile, M, N, K, cs[j])
             verdict = "answered"
         except UnsupportedShape as e:
             verdict = f"refused:{e.reason}"
-            if e.reason == "unrecorded":
-                unrecorded[where_unrecorded(ranges, N, K)] += 1
+            if e.reason in ("unrecorded", "outside-domain"):
+                (unrecorded if e.reason == "unrecorded" else outside)[where_unrecorded(ranges, N, K)] += 1
         counts["split" if split_bound(bound, M, N, K) >= 2 else "unsplit"][verdict] += 1
     return {"counts": {k: dict(v) for k, v in counts.items()}, "unrecorded": dict(unrecorded),
-            "disagreements": [], "refused_sample": []}
+            "outside_domain": dict(outside), "disagreements": [], "refused_sample": []}
 
 
 def _refusals_worker(args):
@@ -153,9 +153,10 @@ def _worker(args):
 
 def merge_results(parts: list[dict]) -> dict:
     counts = {"split": Counter(), "unsplit": Counter()}
-    bad, refused, unrecorded = [], [], Counter()
+    bad, refused, unrecorded, outside = [], [], Counter(), Counter()
     for p in parts:
         unrecorded.update(p.get("unrecorded", {}))
+        outside.update(p.get("outside_domain", {}))
         for k, v in p["counts"].items():
             counts[k].update(v)
         bad += p["disagreements"]
@@ -166,7 +167,7 @@ def merge_results(parts: list[dict]) -> dict:
     doc = {"total": dict(total), "counts": {k: dict(v) for k, v in counts.items()}, "disagreements": bad,
            "refused_sample": refused}
     if any("unrecorded" in p for p in parts):
-        doc["unrecorded"] = dict(unrecorded)
+        doc["unrecorded"], doc["outside_domain"] = dict(unrecorded), dict(outside)
     return doc
 
 
@@ -192,7 +193,8 @@ def main(n, seed, split_share, jobs, profile_name, out_path, no_heuristic):
                    seconds=round(time.time() - t0, 1), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         with open(out_path, "w") as f:
             json.dump(doc, f, indent=1)
-        click.echo(f"{n} shapes (no heuristic asked): {doc['total']}; unrecorded: {doc['unrecorded']}")
+        click.echo(f"{n} shapes (no heuristic asked): {doc['total']}; unrecorded: {doc['unrecorded']}; "
+                   f"outside the recorded domain: {doc['outside_domain']}")
         return
     from cpemu.recording.splitk_query import probe_workspace, runtime_info
     from cpemu.recording import cublaslt_heuristic as ch
