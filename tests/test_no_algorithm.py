@@ -81,3 +81,23 @@ def test_with_bias_an_algorithm_is_the_one_without_bias_where_its_custom_option_
         checked += len(has)
         with_algo += int(has.sum())
     assert checked == 6 * 12064 and with_algo == 6 * 12064 - 39695
+
+
+def test_rowbias_sample_set_spans_the_refused_region():
+    """splitk_measure's rowbias set (what a GPU run measures next): every pair can split at K = 65536, 48 of its
+    64 pairs have N >= 8192 (where the measured answers with bias had an algorithm), every K of the complete
+    record's grid, and the rowwise fast-accumulation combinations with and without bias."""
+    from cpemu.recording import splitk_measure as sm
+    from cpemu.recording.splitk_table import combos
+    from cpemu.splitk import split_bound
+
+    bound = H200.data["modes"]["tensorwise"]["split_k"]["params"]["bound"]
+    shapes = sm.rowbias_shapes(np.random.default_rng(21))
+    pairs = list(dict.fromkeys((M, N) for M, N, _ in shapes))
+    assert len(pairs) == 64 and sum(N >= 8192 for _, N in pairs) == 48
+    assert all(split_bound(bound, M, N, 65536) >= 2 for M, N in pairs)
+    assert len(shapes) == 64 * 3776 and sorted({K for *_, K in shapes}) == list(range(5136, 65537, 16))
+    make, cset = sm.SETS["rowbias"]
+    cs = [c for c in combos("all") if c["scale_mode"] == "rowwise" and c["fast_accum"]]
+    assert make is sm.rowbias_shapes and cset == "rowwise-fast" and len(cs) == 15
+    assert sum(c["bias"] for c in cs) == 6  # bf16 and fp16 outputs of three format pairs

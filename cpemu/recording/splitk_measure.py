@@ -9,6 +9,10 @@ Sample sets (each asked for every option combination of ``--combos``):
 * ``beyond``: shapes with M, N or K above the profiles' domain (2^17) and up to 2^20: LM heads
   (N = 151,936 to 262,144), long contexts (M up to 2^20) and deep K; the evidence a profile needs
   before it answers there (``domain.no_split``: the shapes where nothing can split).
+* ``rowbias``: outer-vector (rowwise) scales with fast accumulation, with and without bias, on random
+  (M, N) pairs of the split region at every K from 5136 to 65536 in steps of 16: where cuBLASLt has an
+  algorithm with bias (torch raises where it has none), how that changes along K, M and N, and the
+  ``custom_option`` of the answers without bias that tells it (``tests/test_no_algorithm.py``).
 
     python -m cpemu.recording.splitk_measure --sets gran,large,deepk --jobs 16 --out DIR
 
@@ -117,8 +121,28 @@ def beyond_shapes(rng, n=3000):
     return list(out)
 
 
+#: the K of the ``rowbias`` set: every K of the complete record's grid (a step of 16 from 5136 to 65536)
+ROWBIAS_K = range(5136, 65537, 16)
+
+
+def rowbias_shapes(rng, wide=48, narrow=16):
+    """(M, N) pairs where K can split at K = 65536 (the bound >= 2), ``wide`` of them with N >= 8192 (where the
+    measured answers with bias had an algorithm) and ``narrow`` with N below, each at every K of ROWBIAS_K."""
+    out = []
+    while len(out) < wide + narrow:
+        lo, hi = (13.0, 17.0) if len(out) < wide else (4.0, 13.0)
+        N = 16 * max(1, int(round(2 ** rng.uniform(lo, hi) / 16)))
+        m_max = ((1 << 20) - 16) // (8 * _ceil32(N))
+        if m_max < 1:
+            continue
+        M = max(1, min(m_max, int(round(2 ** rng.uniform(0, np.log2(m_max))))))
+        if (M, N) not in out:
+            out.append((M, N))
+    return [(M, N, K) for M, N in out for K in ROWBIAS_K]
+
+
 SETS = {"gran": (gran_shapes, "tensorwise"), "large": (large_shapes, "all"), "deepk": (deepk_shapes, "tensorwise"),
-        "beyond": (beyond_shapes, "all")}
+        "beyond": (beyond_shapes, "all"), "rowbias": (rowbias_shapes, "rowwise-fast")}
 
 
 def run_set(name, shapes, cs, ws, jobs, chunk=64, echo=print):
@@ -147,7 +171,7 @@ def run_set(name, shapes, cs, ws, jobs, chunk=64, echo=print):
 
 
 @click.command()
-@click.option("--sets", default="gran,large,deepk", help="Comma-separated: gran, large, deepk, beyond.")
+@click.option("--sets", default="gran,large,deepk", help="Comma-separated: gran, large, deepk, beyond, rowbias.")
 @click.option("--jobs", type=int, default=16)
 @click.option("--seed", type=int, default=21)
 @click.option("--out", "out_dir", required=True)
@@ -167,6 +191,8 @@ def main(sets, jobs, seed, out_dir):
         cs = combo_set("all")
         if cset == "tensorwise":
             cs = [c for c in cs if c["scale_mode"] == "tensorwise"]
+        elif cset == "rowwise-fast":
+            cs = [c for c in cs if c["scale_mode"] == "rowwise" and c["fast_accum"]]
         ids, configs, info, secs = run_set(name, shapes, cs, ws, jobs, echo=lambda m: click.echo(m, err=True))
         meta = {"set": name, "seed": seed, "fields": FIELDS, "workspace_bytes": ws, "workspace_source": ws_source,
                 "runtime": info, "seconds": round(secs, 1), "jobs": jobs, "date": time.strftime("%Y-%m-%d"),
