@@ -88,7 +88,6 @@ def test_rowbias_sample_set_spans_the_refused_region():
     64 pairs have N >= 8192 (where the measured answers with bias had an algorithm), every K of the complete
     record's grid, and the rowwise fast-accumulation combinations with and without bias."""
     from cpemu.recording import splitk_measure as sm
-    from cpemu.recording.splitk_table import combos
     from cpemu.splitk import split_bound
 
     bound = H200.data["modes"]["tensorwise"]["split_k"]["params"]["bound"]
@@ -98,6 +97,7 @@ def test_rowbias_sample_set_spans_the_refused_region():
     assert all(split_bound(bound, M, N, 65536) >= 2 for M, N in pairs)
     assert len(shapes) == 64 * 3776 and sorted({K for *_, K in shapes}) == list(range(5136, 65537, 16))
     make, cset = sm.SETS["rowbias"]
-    cs = [c for c in combos("all") if c["scale_mode"] == "rowwise" and c["fast_accum"]]
-    assert make is sm.rowbias_shapes and cset == "rowwise-fast" and len(cs) == 15
+    cs = sm.set_combos(cset)
+    assert make is sm.rowbias_shapes and len(cs) == 15
+    assert all(c["scale_mode"] == "rowwise" and c["fast_accum"] for c in cs)
     assert sum(c["bias"] for c in cs) == 6  # bf16 and fp16 outputs of three format pairs

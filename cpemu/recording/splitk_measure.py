@@ -145,6 +145,16 @@ SETS = {"gran": (gran_shapes, "tensorwise"), "large": (large_shapes, "all"), "de
         "beyond": (beyond_shapes, "all"), "rowbias": (rowbias_shapes, "rowwise-fast")}
 
 
+def set_combos(cset: str) -> list[dict]:
+    """The option combinations a set is asked for (its ``SETS`` entry): "all", "tensorwise" or "rowwise-fast"."""
+    cs = combo_set("all")
+    if cset == "tensorwise":
+        return [c for c in cs if c["scale_mode"] == "tensorwise"]
+    if cset == "rowwise-fast":
+        return [c for c in cs if c["scale_mode"] == "rowwise" and c["fast_accum"]]
+    return cs
+
+
 def run_set(name, shapes, cs, ws, jobs, chunk=64, echo=print):
     tasks = [(shapes[i:i + chunk], cs) for i in range(0, len(shapes), chunk)]
     t0 = time.time()
@@ -188,11 +198,7 @@ def main(sets, jobs, seed, out_dir):
         rng = np.random.default_rng(seed)
         shapes = make(rng) if name != "deepk" else make()
         shapes = list(dict.fromkeys(shapes))
-        cs = combo_set("all")
-        if cset == "tensorwise":
-            cs = [c for c in cs if c["scale_mode"] == "tensorwise"]
-        elif cset == "rowwise-fast":
-            cs = [c for c in cs if c["scale_mode"] == "rowwise" and c["fast_accum"]]
+        cs = set_combos(cset)
         ids, configs, info, secs = run_set(name, shapes, cs, ws, jobs, echo=lambda m: click.echo(m, err=True))
         meta = {"set": name, "seed": seed, "fields": FIELDS, "workspace_bytes": ws, "workspace_source": ws_source,
                 "runtime": info, "seconds": round(secs, 1), "jobs": jobs, "date": time.strftime("%Y-%m-%d"),
