@@ -123,9 +123,9 @@ class Profile:
             if split_k is None:
                 plan = self.plan(M, N, K, fast_accum, scaling, a_format, b_format, out_dtype)
                 why = no_algorithm(self.mode(scaling)["split_k"].get("no_algorithm"), M, N, K, fast_accum,
-                                   bias_dtype is not None)
+                                   bias_dtype is not None, (a_format, b_format, out_dtype), self.base_dir)
                 if why is not None:
-                    raise UnsupportedShape(why, "maybe-no-algorithm")
+                    raise UnsupportedShape(*why)
             else:
                 mode, rule = self.mode(scaling), self.split_rule(scaling)
                 plan = Plan(slices=kernel_slices(K, int(split_k), rule),

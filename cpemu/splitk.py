@@ -260,18 +260,30 @@ class SplitKRule:
                                f"{unknown}", "outside-domain")
 
 
-def no_algorithm(spec: dict | None, M: int, N: int, K: int, fast_accum: bool, has_bias: bool) -> str | None:
-    """Why the library may have no algorithm for this call, where the mode's split-K section
-    records such a region (``no_algorithm``: bias and fast accumulation where the split bound
-    :func:`split_bound` is at least ``bound_at_least``), else None. Inside the region the
-    heuristic answers only some shapes and torch raises for the rest; cpemu does not guess
-    which."""
+def no_algorithm(spec: dict | None, M: int, N: int, K: int, fast_accum: bool, has_bias: bool,
+                 combo: tuple = ("e4m3", "e4m3", "bfloat16"), base_dir: str | None = None) -> tuple[str, str] | None:
+    """Why the library has, or may have, no algorithm for this call, as (message, reason), where the
+    mode's split-K section records such a region (``no_algorithm``: bias and fast accumulation where
+    the split bound :func:`split_bound` is at least ``bound_at_least``); None where it has one.
+
+    Where ``spec["complete_file"]`` names tables of the region (``splitk_enum run --options
+    rowwise-bias``), a recorded shape is decided: reason ``"no-algorithm"`` where the heuristic has
+    none (torch raises), None where it has one. Elsewhere in the region the heuristic answers only
+    some shapes and torch raises for the rest; cpemu does not guess which (``"maybe-no-algorithm"``)."""
     if not spec or not has_bias or not fast_accum:
         return None
     u = split_bound(spec["bound"], M, N, K)
     if u < spec["bound_at_least"]:
         return None
+    key = combo_key(*combo, True)
+    for name in complete_names(spec):
+        got = lookup(name, base_dir, M, N, K, key)
+        if got == "x":
+            return (f"cuBLASLt has no algorithm for M={M}, N={N}, K={K} ({key}) with bias and fast accumulation in "
+                    f"this scaling mode; torch raises CUBLAS_STATUS_NOT_SUPPORTED here", "no-algorithm")
+        if got is not None:
+            return None
     return (f"cuBLASLt may have no algorithm for M={M}, N={N}, K={K} with bias and fast accumulation in this "
             f"scaling mode (the split bound is {u} >= {spec['bound_at_least']}): torch raises "
-            f"CUBLAS_STATUS_NOT_SUPPORTED for most such shapes, and which ones it answers is not recorded "
-            f"(cpemu does not guess)")
+            f"CUBLAS_STATUS_NOT_SUPPORTED for most such shapes, and which ones it answers is not recorded"
+            f"{_beyond_complete(spec, base_dir, N, K)} (cpemu does not guess)", "maybe-no-algorithm")

@@ -23,7 +23,7 @@ from splitk_fixtures import checked_split as _checked  # noqa: E402
 from splitk_fixtures import UNRECORDED, fake_answer as _fake, small_plan as _small_plan, tail_cut  # noqa: E402
 from cpemu.recording.splitk_rule import law_counts, rows_of
 from cpemu.schedule import UnsupportedShape
-from cpemu.splitk import SplitKRule, combo_key, split_bound
+from cpemu.splitk import SplitKRule, combo_key, no_algorithm, split_bound
 from cpemu.splitk_complete import NONE, load_complete
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "h200-splitk")
@@ -821,6 +821,65 @@ def test_ranges_beside_the_default_plan_are_tables_of_their_own(tmp_path):
                      base_dir=str(tmp_path))
     with pytest.raises(UnsupportedShape, match=r"the complete table's plan holds N <= 64 and K <= 6400 only"):
         one.splits(1, 16, 7040, True)
+
+
+def test_a_rowwise_bias_plan_records_whether_an_algorithm_exists_in_a_table_of_its_own(tmp_path):
+    """``run --options rowwise-bias``: the rowwise combinations with bias and fast accumulation (the
+    ones where the heuristic may have none), each pair at every K; merged into a table that says so
+    and that a tensorwise record does not merge into."""
+    base = _small_plan()
+    plan = se.default_plan(n_max=64, k_max=6400, k_step=16, bound=base["bound"], options="rowwise-bias")
+    assert plan["options"] == "rowwise-bias" and "options" not in base
+    assert [(c["a_dtype"], c["b_dtype"], c["out_dtype"]) for c in plan["combos"]] == [
+        (a, b, o) for a, b in (("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")) for o in ("bfloat16", "float16")]
+    assert all(c["scale_mode"] == "rowwise" and c["bias"] and c["fast_accum"] for c in plan["combos"])
+    asked = []
+
+    def ask(M, N, K, c):
+        asked.append(c)
+        return _fake(M, N, K, c)
+
+    rec = _record_table(tmp_path, "rb.npz", plan, ask)
+    assert {json.dumps(c, sort_keys=True) for c in asked} == {json.dumps(c, sort_keys=True) for c in plan["combos"]}
+    t = load_complete("rb.npz", str(tmp_path))
+    assert t.meta["options"] == "rowwise-bias" and len(t.meta["combos"]) == 6
+    none = 0
+    for M, N in se.open_pairs(plan)[::3]:
+        for K in se.k_grid(plan)[::11]:
+            for c in plan["combos"]:
+                key = combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], True)
+                got, want = t.config(M, N, K, key), _fake(M, N, K, c)
+                if want is None:
+                    assert isinstance(got, str) and got == "x", (M, N, K, c, got)  # no algorithm
+                    none += 1
+                else:
+                    assert list(got) == list(want[:len(got)]), (M, N, K, c, got)
+    assert none > 0
+    # the profile's no_algorithm section reads the table: decided where recorded, refused where not
+    spec = {"bound": plan["bound"], "bound_at_least": 2, "complete_file": "rb.npz"}
+    decided = 0
+    for M, N in se.open_pairs(plan)[::4]:
+        for K in se.k_grid(plan)[::13]:
+            if _u(plan["bound"], M, N, K) < 2:
+                continue
+            for c in plan["combos"]:
+                combo = (c["a_dtype"], c["b_dtype"], c["out_dtype"])
+                got = no_algorithm(spec, M, N, K, True, True, combo, str(tmp_path))
+                if _fake(M, N, K, c) is None:
+                    assert got is not None and got[1] == "no-algorithm" and "torch raises" in got[0], (M, N, K, c)
+                else:
+                    assert got is None, (M, N, K, c, got)
+                assert no_algorithm(spec, M, N, K, False, True, combo, str(tmp_path)) is None  # promoted: one
+                assert no_algorithm(spec, M, N, K, True, False, combo, str(tmp_path)) is None  # no bias: one
+                decided += 1
+    assert decided > 100
+    why, reason = no_algorithm(spec, 1, 80, 6400, True, True, ("e4m3", "e4m3", "bfloat16"), str(tmp_path))
+    assert reason == "maybe-no-algorithm" and "the complete table's plan holds N <= 64" in why
+    _record_table(tmp_path, "tw.npz", base)
+    with pytest.raises(click.ClickException, match="is a table of another plan"):
+        se.merge(rec, str(tmp_path / "x.npz"), base=str(tmp_path / "tw.npz"))
+    with pytest.raises(ValueError, match="options must be one of tensorwise, rowwise-bias"):
+        se.plan_combos("rowwise")
 
 
 def test_plan_ranges_are_checked(tmp_path):

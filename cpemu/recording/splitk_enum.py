@@ -17,6 +17,12 @@ their own, which a profile lists after the first in ``complete_file``:
     python -m cpemu.recording.splitk_enum run --dir REC2 --k-min 65552 --k-max 131072 --n-max 131072
     python -m cpemu.recording.splitk_enum run --dir REC3 --n-min 65552 --n-max 131072
 
+Rowwise scales never split, but with bias and fast accumulation the heuristic may have no algorithm
+(torch raises there). ``--options rowwise-bias`` records those 6 combinations instead, into a table of
+its own whose answers say only whether an algorithm exists (``NONE`` where it does not):
+
+    python -m cpemu.recording.splitk_enum run --dir REC4 --options rowwise-bias --n-min 8192
+
 ``run`` writes ``REC/plan.json`` on the first call; worker ``w`` of ``W`` takes the pairs
 ``w, w + W, ...`` and appends one line per finished pair to ``REC/part-<w>-of-<W>.jsonl``
 (configurations first seen get their own line). Running again continues where each worker
@@ -87,30 +93,46 @@ K_LAW_ALIGN_CAP = 64
 #: of the pairs the K law decides, every this many-th is asked at every K and compared
 K_LAW_CHECK_EVERY = 16
 
-__all__ = ["FAST_LAW_M_MAX", "FAST_LAW_CHECK_EVERY", "K_LAW_BLOCK", "K_LAW_ALIGN_CAP", "K_LAW_CHECK_EVERY", "k_law_rep",
+__all__ = ["PLAN_OPTIONS", "FAST_LAW_M_MAX", "FAST_LAW_CHECK_EVERY", "K_LAW_BLOCK", "K_LAW_ALIGN_CAP", "K_LAW_CHECK_EVERY", "k_law_rep",
            "default_plan", "load_plan", "open_pairs", "pair_order", "k_grid", "plan_combos", "run_worker", "read_part",
            "merge", "status"]
 
 
 
-def plan_combos() -> list[dict]:
-    """The combinations whose answers can differ: bias never changes one, rowwise never splits."""
+#: the option sets a plan may record (``run --options``): the split count of tensorwise scaling (the
+#: default), or whether the heuristic has an algorithm at all for rowwise scales with bias and fast
+#: accumulation (rowwise never splits; without bias or fast accumulation it always has one)
+PLAN_OPTIONS = ("tensorwise", "rowwise-bias")
+
+
+def plan_combos(options: str = "tensorwise") -> list[dict]:
+    """The combinations whose answers can differ: bias never changes a split count and rowwise never
+    splits (``tensorwise``); with ``rowwise-bias``, the rowwise combinations with bias and fast
+    accumulation, where the heuristic may have no algorithm (``tests/test_no_algorithm.py``)."""
+    if options == "rowwise-bias":
+        return [c for c in combos("all") if c["scale_mode"] == "rowwise" and c["bias"] and c["fast_accum"]]
+    if options != "tensorwise":
+        raise ValueError(f"options must be one of {', '.join(PLAN_OPTIONS)} (got {options!r})")
     return [c for c in combos("all") if c["scale_mode"] == "tensorwise" and not c["bias"]]
 
 
 def default_plan(n_max: int = 65536, k_max: int = 65536, k_step: int = 16, bound: dict | None = None,
-                 n_min: int = 16, k_min: int | None = None) -> dict:
+                 n_min: int = 16, k_min: int | None = None, options: str = "tensorwise") -> dict:
     """The plan of a record: every open (M, N) with ``n_min <= N <= n_max``, every K of the grid from
     the first K that can split (or ``k_min``, where that is larger) to ``k_max``.
 
     A plan with ``n_min`` or ``k_min`` records a range beside the default one (K above 65536, N above
-    65536): a table of its own, which the profile lists after the first (``complete_file``)."""
+    65536): a table of its own, which the profile lists after the first (``complete_file``).
+    ``options`` (:data:`PLAN_OPTIONS`): which combinations (:func:`plan_combos`); a plan of other options
+    than tensorwise is a table of its own too."""
     bound = dict(bound or BOUND)
     k0 = k_step * (bound["k_per_split"] * 2 // k_step + 1)  # first K with K bound >= 2
     if k_min is not None:
         k0 = max(k0, k_min)
     plan = {"n_max": n_max, "k0": k0, "k_max": k_max, "k_step": k_step, "bound": bound,
-            "combos": plan_combos(), "order": "M ascending, then N"}
+            "combos": plan_combos(options), "order": "M ascending, then N"}
+    if options != "tensorwise":  # the default plan's plan.json has no options
+        plan["options"] = options
     if n_min != 16:  # the default plan's plan.json has no n_min (16)
         plan["n_min"] = n_min
     return plan
@@ -169,6 +191,8 @@ def _check_plan_sizes(plan) -> str | None:
             return f"{key} must be an integer from {lo} to {hi} (got {plan[key]!r:.100})"
     if plan["k_step"] % 16:
         return f"k_step must be a multiple of 16 (got {plan['k_step']})"
+    if plan.get("options", "tensorwise") not in PLAN_OPTIONS:
+        return f"options must be one of {', '.join(PLAN_OPTIONS)} where present (got {plan['options']!r:.100})"
     if "n_min" in plan and (not _is_int(plan["n_min"]) or not 16 <= plan["n_min"] <= plan["n_max"]
                             or plan["n_min"] % 16):
         return f"n_min must be a multiple of 16 from 16 to n_max = {plan['n_max']} (got {plan['n_min']!r:.100})"
@@ -670,8 +694,10 @@ def _same_plan(table, plan: dict, path: str) -> None:
     keys = [combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"]) for c in plan["combos"]]
     same = {k: table.meta.get(k) for k in ("k0", "k_step", "nk", "combos", "bound", "n_max")}
     same["n_min"] = table.meta.get("n_min", 16)
+    same["options"] = table.meta.get("options", "tensorwise")
     want = {"k0": plan["k0"], "k_step": plan["k_step"], "nk": len(k_grid(plan)), "combos": keys,
-            "bound": plan["bound"], "n_max": plan["n_max"], "n_min": plan_n_min(plan)}
+            "bound": plan["bound"], "n_max": plan["n_max"], "n_min": plan_n_min(plan),
+            "options": plan.get("options", "tensorwise")}
     if same != want:
         raise click.ClickException(f"{path} is a table of another plan ({same}); the record's plan is {want}")
 
@@ -728,6 +754,7 @@ def merge(rec: str, out_path: str, provenance: dict | None = None, splits_only: 
             "store": "grid" if law["k_law"]["violated"] else "k-law",
             "fields": fields, "bound": plan["bound"], "n_max": plan["n_max"],
             **({"n_min": plan["n_min"]} if "n_min" in plan else {}),
+            **({"options": plan["options"]} if "options" in plan else {}),
             "provenance": provenance or (old.meta.get("provenance", {}) if old is not None else {}),
             "fast_law": dict(law["fast_law"], m_max=FAST_LAW_M_MAX, check_every=FAST_LAW_CHECK_EVERY),
             "k_law": dict(law["k_law"], block=K_LAW_BLOCK, align_cap=K_LAW_ALIGN_CAP, check_every=K_LAW_CHECK_EVERY)}
@@ -796,6 +823,7 @@ def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_byte
     if workspace_bytes != plan["bound"]["workspace_bytes"]:
         raise click.ClickException(f"torch's cuBLASLt workspace here is {workspace_bytes} bytes, the plan's bound "
                                    f"assumes {plan['bound']['workspace_bytes']}")
+    fast_law = fast_law and not all(c["fast_accum"] for c in plan["combos"])  # nothing to derive otherwise
     t0 = time.time()
     deadline = t0 + seconds
     gpus = visible_gpus()
@@ -843,7 +871,10 @@ _TABLE = click.Path(exists=True, dir_okay=False)
                    "check every 16th pair at every K (a law measured on the H200)")
 @click.option("--table", default=None, type=_TABLE,
               help="an earlier merged table this record continues: its pairs are skipped")
-def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, n_min, k_min, first_n, fast_law, k_law, table):
+@click.option("--options", type=click.Choice(PLAN_OPTIONS), default="tensorwise", show_default=True,
+              help="tensorwise: the split count (18 combinations); rowwise-bias: whether an algorithm exists "
+                   "for rowwise scales with bias and fast accumulation (6 combinations), a table of its own")
+def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, n_min, k_min, first_n, fast_law, k_law, table, options):
     if k_step % 16 or not math.isfinite(seconds):
         raise click.BadParameter("--k-step must be a multiple of 16 and --seconds finite "
                                  f"(got {k_step} and {seconds})")
@@ -857,7 +888,7 @@ def run_cmd(rec, jobs, seconds, n_max, k_max, k_step, n_min, k_min, first_n, fas
         first = tuple(int(x) for x in first_n.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"must be a comma list of integers (got {first_n!r})", param_hint="--first-n")
-    plan = default_plan(n_max, k_max, k_step, n_min=n_min, k_min=k_min)
+    plan = default_plan(n_max, k_max, k_step, n_min=n_min, k_min=k_min, options=options)
     st = run_parallel(rec, plan, jobs, seconds, echo=lambda m: click.echo(m, err=True),
                       first_n=first, fast_law=fast_law, k_law=k_law, table=table)
     click.echo(json.dumps(st))
