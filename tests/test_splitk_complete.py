@@ -387,6 +387,14 @@ def test_record_writes_the_laws_into_a_profile(tmp_path):
     assert n == 56
     with pytest.raises(UnsupportedShape, match="not in the profile's recorded tables"):
         p.plan(3, 48, 9008, True)
+    # rowwise never splits, but with bias and fast accumulation where K could split the heuristic may
+    # have no algorithm (torch raises): the recorded profile refuses there, and answers elsewhere
+    with pytest.raises(UnsupportedShape, match="may have no algorithm") as e:
+        p.call(2, 14336, 8192, "e4m3", "e4m3", "bfloat16", "rowwise", True, "bfloat16")
+    assert e.value.reason == "maybe-no-algorithm"
+    assert p.call(2, 14336, 8192, "e4m3", "e4m3", "bfloat16", "rowwise", False, "bfloat16").plan.splits
+    assert p.call(2, 14336, 8192, "e4m3", "e4m3", "bfloat16", "rowwise", True, None).plan.splits
+    assert p.call(2, 14336, 4096, "e4m3", "e4m3", "bfloat16", "rowwise", True, "bfloat16").plan.splits
 
 
 def _fake_fast_same(M, N, K, c):

@@ -76,8 +76,14 @@ def _set_split_k(data: dict, params: dict, suites) -> None:
         "source": "cuBLASLt heuristic (cpemu record): the split bound and no-split laws checked on the grid, "
                   "held-out random shapes and the truth shapes; open shapes from the recorded tables"}
     if "rowwise" in data["modes"]:
-        data["modes"]["rowwise"]["split_k"] = {"kind": "none", "domain": domain,
-                                               "source": "never split in the recorded answers (cpemu record)"}
+        # with bias and fast accumulation the heuristic may have no algorithm where K could split (torch
+        # raises there): such calls stay refused, as on the H200, until a rowwise-bias record decides them
+        data["modes"]["rowwise"]["split_k"] = {
+            "kind": "none", "domain": domain, "source": "never split in the recorded answers (cpemu record)",
+            "no_algorithm": {"bound": params["bound"], "bound_at_least": 2,
+                             "source": "as the H200's heuristic (hopper-h200-torch): with rowwise scales, bias and "
+                                       "fast accumulation it may have no algorithm where K can split; not recorded "
+                                       "on this GPU, so refused"}}
 
 
 def _complete_table(raw, prof_dir, name, bound, seconds, jobs, prov, echo) -> str:
