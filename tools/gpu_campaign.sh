@@ -11,7 +11,8 @@
 #   complete: continues the complete split-K record for RECORD_SECONDS (default 540) with one worker per core
 #             (RECORD_JOBS), skipping the pairs of RECORD_TABLE (default the shipped table; empty: none); runs
 #             beside the steps after it (tests/data/h200-splitk/complete/README.md says how to merge). A range
-#             beside the default plan: RECORD_ARGS="--n-min 65552 --n-max 131072" RECORD_TABLE= (its first run)
+#             beside the default plan: RECORD_ARGS="--n-min 65552 --n-max 131072" RECORD_TABLE= (its first run);
+#             the rowwise bias record: RECORD_ARGS="--options rowwise-bias --n-min 8192" RECORD_TABLE=
 #             RECORD_DIR: the record's folder (default a fresh one under the work folder); a folder that
 #             stays between commands (e.g. build/rec on a host that keeps ignored paths) is continued, not redone
 #   parity:   live parity (tools/live_parity.py) beside the record, one process per seed of PARITY_SEEDS (default
