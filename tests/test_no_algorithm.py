@@ -101,3 +101,41 @@ def test_rowbias_sample_set_spans_the_refused_region():
     assert make is sm.rowbias_shapes and len(cs) == 15
     assert all(c["scale_mode"] == "rowwise" and c["fast_accum"] for c in cs)
     assert sum(c["bias"] for c in cs) == 6  # bf16 and fp16 outputs of three format pairs
+
+
+def test_no_algorithm_report_on_the_recorded_sample():
+    """The report that sizes a rowwise bias record, on large.npz: only N >= 8496 and M <= 13 have an
+    algorithm, the custom-option law holds, the 6 combinations disagree on some shapes (all 6 must be
+    recorded)."""
+    from cpemu.recording.no_algorithm_report import report
+
+    r = report(str(LARGE))
+    assert r["region_shapes"] == 6851 and len(r["combos"]) == 6
+    assert [c["with_algorithm"] for c in r["combos"].values()] == [262, 223, 231, 225, 234, 236]
+    assert {c["n_min"] for c in r["combos"].values()} == {8496, 8544}
+    assert {c["m_max"] for c in r["combos"].values()} == {13}
+    assert all(c["custom_option_law"] == {"violations": 0, "other_answer": 0} for c in r["combos"].values())
+    assert r["disagree"]["e4m3,e4m3,bfloat16 / e4m3,e4m3,float16"] == 39 and min(r["disagree"].values()) == 3
+
+
+def test_no_algorithm_report_finds_what_breaks(tmp_path):
+    """A made-up sample where the K law, the custom-option law and the answer break once each: the
+    report counts each (it can fail)."""
+    from cpemu.recording.no_algorithm_report import report
+
+    c = {"a_dtype": "e4m3", "b_dtype": "e4m3", "out_dtype": "bfloat16", "fast_accum": True, "scale_mode": "rowwise"}
+    combos = [dict(c, bias=False), dict(c, bias=True)]
+    # fields: custom_option is column 1; config 0 has custom option 0, configs 1 and 2 have 1
+    configs = np.array([[66, 0], [66, 1], [67, 1]], np.int32)
+    shapes = np.array([[1, 8192, 5136], [1, 8192, 5168],  # one K-law group (block 40, class 16)
+                       [1, 8192, 6160],                    # custom option 1, but no algorithm
+                       [2, 9000, 5136],                    # an algorithm, another answer than without bias
+                       [1, 8192, 4096]], np.int32)         # outside the region (K cannot split)
+    ids = np.array([[1, 1], [1, -1], [1, -1], [1, 2], [0, -1]], np.int32)
+    path = tmp_path / "s.npz"
+    np.savez(path, shapes=shapes, ids=ids, configs=configs, combos=json.dumps(combos),
+             meta=json.dumps({"fields": ["algo_id", "custom_option"]}))
+    r = report(str(path))["combos"]["e4m3,e4m3,bfloat16"]
+    assert r["shapes"] == 4 and r["with_algorithm"] == 2 and r["n_min"] == 8192 and r["m_max"] == 2
+    assert r["k_law"] == {"groups": 1, "broken": 1}
+    assert r["custom_option_law"] == {"violations": 2, "other_answer": 1}

@@ -65,7 +65,9 @@ for s in $STEPS; do
     beyond)
       step $PY -m cpemu.recording.splitk_measure --sets beyond --jobs "$(nproc)" --out "$W/res/measured" ;;
     rowbias)
-      step $PY -m cpemu.recording.splitk_measure --sets rowbias --jobs "$(nproc)" --out "$W/res/measured" ;;
+      step $PY -m cpemu.recording.splitk_measure --sets rowbias --jobs "$(nproc)" --out "$W/res/measured"
+      $PY -m cpemu.recording.no_algorithm_report "$W/res/measured/rowbias.npz" > "$W/res/measured/rowbias_report.json" \
+        2>>"$LOG" ;;
     errors)
       step $PY tools/record_truth.py probe-errors --out "$W/res/errors.json" ;;
     truth2)
