@@ -266,7 +266,8 @@ def no_algorithm(spec: dict | None, M: int, N: int, K: int, fast_accum: bool, ha
     mode's split-K section records such a region (``no_algorithm``: bias and fast accumulation where
     the split bound :func:`split_bound` is at least ``bound_at_least``); None where it has one.
 
-    Where ``spec["complete_file"]`` names tables of the region (``splitk_enum run --options
+    Where ``spec["none_below_n"]`` is given, the region's shapes with a smaller N are decided by that
+    measured law: no algorithm (``"no-algorithm"``). Where ``spec["complete_file"]`` names tables of the region (``splitk_enum run --options
     rowwise-bias``), a recorded shape is decided: reason ``"no-algorithm"`` where the heuristic has
     none (torch raises), None where it has one. Elsewhere in the region the heuristic answers only
     some shapes and torch raises for the rest; cpemu does not guess which (``"maybe-no-algorithm"``)."""
@@ -276,6 +277,10 @@ def no_algorithm(spec: dict | None, M: int, N: int, K: int, fast_accum: bool, ha
     if u < spec["bound_at_least"]:
         return None
     key = combo_key(*combo, True)
+    if N < spec.get("none_below_n", 0):
+        return (f"cuBLASLt has no algorithm for M={M}, N={N}, K={K} ({key}) with bias and fast accumulation in "
+                f"this scaling mode: where K can split it has none below N = {spec['none_below_n']} (a law of the "
+                f"profile's recorded answers); torch raises CUBLAS_STATUS_NOT_SUPPORTED here", "no-algorithm")
     for name in complete_names(spec):
         got = lookup(name, base_dir, M, N, K, key)
         if got == "x":

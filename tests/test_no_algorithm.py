@@ -17,34 +17,57 @@ H200 = cpemu.get_profile("hopper-h200-torch")
 LARGE = Path(__file__).parent / "data" / "h200-splitk" / "measured" / "large.npz"
 
 
-def _refused(M, N, K, a, b, out, fast, bias):
+def _refusal(M, N, K, a, b, out, fast, bias):
+    """(message, reason) of cpemu's refusal, or None where it answers."""
     try:
         H200.call(M, N, K, a, b, out, "rowwise", fast, out if bias else None)
     except UnsupportedShape as e:
-        return str(e)
+        return str(e), e.reason
     return None
+
+
+def _refused(*args):
+    got = _refusal(*args)
+    return None if got is None else got[0]
 
 
 def test_every_recorded_no_algorithm_is_refused():
     d = np.load(LARGE)
     combos = json.loads(str(d["combos"]))
     shapes, ids = d["shapes"].astype(int), d["ids"]
-    refused_none = answered_ok = refused_ok = 0
+    refused_none = answered_ok = refused_ok = decided = 0
     for j, c in enumerate(combos):
         if c["scale_mode"] != "rowwise" or not c["bias"]:
             continue
         for (M, N, K), cid in zip(shapes, ids[:, j]):
-            why = _refused(M, N, K, c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"], True)
+            got = _refusal(M, N, K, c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"], True)
+            why, reason = got if got is not None else (None, None)
             if cid < 0:
                 assert why is not None and "no algorithm" in why, ((M, N, K), c)
                 refused_none += 1
+                decided += reason == "no-algorithm"  # below N = 8192 the law decides it
             elif why is None:
                 answered_ok += 1
-            else:
-                assert "no algorithm" in why, ((M, N, K), c, why)
+            else:  # the heuristic has one: refused as maybe-no-algorithm, never as no-algorithm
+                assert "no algorithm" in why and reason == "maybe-no-algorithm", ((M, N, K), c, why)
                 refused_ok += 1
     assert refused_none == 39695  # every query without an algorithm
     assert refused_ok == 1411 and answered_ok == 144768 - 39695 - 1411
+    assert decided == 6 * 6192  # the region's shapes with N < 8192, in each of the 6 combinations
+
+
+def test_below_the_n_law_the_region_has_no_algorithm():
+    """none_below_n: the region's shapes with N < 8192 are refused as no-algorithm (torch raises), those
+    with N >= 8192 as maybe-no-algorithm; the law applies only with bias and fast accumulation, inside
+    the region."""
+    na = H200.data["modes"]["rowwise"]["split_k"]["no_algorithm"]
+    assert na["none_below_n"] == 8192
+    got = _refusal(2, 8176, 8192, "e4m3", "e4m3", "bfloat16", True, True)
+    assert got[1] == "no-algorithm" and "none below N = 8192" in got[0] and "torch raises" in got[0]
+    assert _refusal(2, 8192, 8192, "e4m3", "e4m3", "bfloat16", True, True)[1] == "maybe-no-algorithm"
+    assert _refusal(2, 8176, 4096, "e4m3", "e4m3", "bfloat16", True, True) is None  # K cannot split
+    assert _refusal(2, 8176, 8192, "e4m3", "e4m3", "bfloat16", False, True) is None  # promoted
+    assert _refusal(2, 8176, 8192, "e4m3", "e4m3", "bfloat16", True, False) is None  # no bias
 
 
 @pytest.mark.parametrize("M, N, K, b, out", [(3, 5376, 104784, "e5m2", "float16"), (3, 7168, 18432, "e4m3", "float16"),

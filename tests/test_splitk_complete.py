@@ -707,7 +707,8 @@ def test_refusals_name_their_reason():
 
     assert why(*UNRECORDED) == "unrecorded"
     assert why(200000, 16, 16) == "outside-domain"
-    assert why(10, 656, 7856, scaling="rowwise", fast_accum=True, bias_dtype="bfloat16") == "maybe-no-algorithm"
+    assert why(10, 656, 7856, scaling="rowwise", fast_accum=True, bias_dtype="bfloat16") == "no-algorithm"  # N < 8192
+    assert why(10, 8192, 7856, scaling="rowwise", fast_accum=True, bias_dtype="bfloat16") == "maybe-no-algorithm"
     # every split count of the shipped tables is verified now: a profile that has checked fewer
     # counts, and has seen no tail cut, refuses the answers above its counts for that reason
     import copy

@@ -52,6 +52,13 @@ def test_judge():
     c2 = dict(c, a_dtype="e5m2", out_dtype="float32")
     assert lookup(PARAMS["complete_file"], None, 1, 1040, 56336, "e5m2,e4m3,float32,fast")["splitk_num"] == 22
     assert hd.judge(PROFILE, 1, 1040, 56336, c2, _answer(22)) == ("agree", None)
+    # rowwise, bias and fast accumulation below N = 8192 where K can split: the profile says no algorithm,
+    # which agrees where the heuristic has none and is a disagreement where it has one
+    rb = dict(c, scale_mode="rowwise", bias=True)
+    assert hd.judge(PROFILE, 2, 4096, 14336, rb, None) == ("agree", "both refuse")
+    verdict, detail = hd.judge(PROFILE, 2, 4096, 14336, rb, _answer(1))
+    assert verdict == "disagree" and "the profile says none" in detail
+    assert hd.judge(PROFILE, 2, 28672, 8192, rb, _answer(1)) == ("refused", "maybe-no-algorithm")
 
 
 def test_check_counts_and_exit_rows():

@@ -66,6 +66,8 @@ def judge(profile, M: int, N: int, K: int, combo: dict, answer) -> tuple[str, st
     except UnsupportedShape as e:
         if answer is None:
             return "agree", "both refuse"
+        if e.reason == "no-algorithm":  # the profile says torch raises, but the heuristic has one
+            return "disagree", f"the heuristic has an algorithm ({int(answer[SPLITK])} slices), the profile says none"
         return "refused", e.reason
     if answer is None:
         return "disagree", f"the heuristic has no algorithm, the profile plans {call.plan.splits} slices"
