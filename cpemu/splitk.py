@@ -267,25 +267,26 @@ def no_algorithm(spec: dict | None, M: int, N: int, K: int, fast_accum: bool, ha
     the split bound :func:`split_bound` is at least ``bound_at_least``); None where it has one.
 
     Where ``spec["none_below_n"]`` is given, the region's shapes with a smaller N are decided by that
-    measured law: no algorithm (``"no-algorithm"``). Where ``spec["complete_file"]`` names tables of the region (``splitk_enum run --options
-    rowwise-bias``), a recorded shape is decided: reason ``"no-algorithm"`` where the heuristic has
-    none (torch raises), None where it has one. Elsewhere in the region the heuristic answers only
-    some shapes and torch raises for the rest; cpemu does not guess which (``"maybe-no-algorithm"``)."""
+    measured law: no algorithm (``"no-algorithm"``). Where ``spec["complete_file"]`` names tables of
+    the region (``splitk_enum run --options rowwise-bias``), a recorded shape is decided: reason
+    ``"no-algorithm"`` where the heuristic has none (torch raises), None where it has one. Elsewhere in
+    the region the heuristic answers only some shapes and torch raises for the rest; cpemu does not
+    guess which (``"maybe-no-algorithm"``)."""
     if not spec or not has_bias or not fast_accum:
         return None
     u = split_bound(spec["bound"], M, N, K)
     if u < spec["bound_at_least"]:
         return None
     key = combo_key(*combo, True)
+    none = (f"cuBLASLt has no algorithm for M={M}, N={N}, K={K} ({key}) with bias and fast accumulation in this "
+            f"scaling mode{{}}; torch raises CUBLAS_STATUS_NOT_SUPPORTED here")
     if N < spec.get("none_below_n", 0):
-        return (f"cuBLASLt has no algorithm for M={M}, N={N}, K={K} ({key}) with bias and fast accumulation in "
-                f"this scaling mode: where K can split it has none below N = {spec['none_below_n']} (a law of the "
-                f"profile's recorded answers); torch raises CUBLAS_STATUS_NOT_SUPPORTED here", "no-algorithm")
+        law = f"none below N = {spec['none_below_n']} (a law of the profile's recorded answers)"
+        return none.format(f": where K can split it has {law}"), "no-algorithm"
     for name in complete_names(spec):
         got = lookup(name, base_dir, M, N, K, key)
         if got == "x":
-            return (f"cuBLASLt has no algorithm for M={M}, N={N}, K={K} ({key}) with bias and fast accumulation in "
-                    f"this scaling mode; torch raises CUBLAS_STATUS_NOT_SUPPORTED here", "no-algorithm")
+            return none.format(""), "no-algorithm"
         if got is not None:
             return None
     return (f"cuBLASLt may have no algorithm for M={M}, N={N}, K={K} with bias and fast accumulation in this "

@@ -27,30 +27,26 @@ import json
 import click
 import numpy as np
 
+from ..splitk import split_bound
+from .splitk_enum import k_law_rep
 from .splitk_rule import BOUND
 
 __all__ = ["report"]
 
 
 def _region(shapes: np.ndarray, bound: dict) -> np.ndarray:
-    M, N, K = (shapes[:, i].astype(np.int64) for i in range(3))
-    n32 = -(-N // bound["n_align"]) * bound["n_align"]
-    room = (bound["workspace_bytes"] - bound["workspace_reserve"]) // (bound["bytes_per_partial"] * M * n32)
-    return np.minimum(-(-K // bound["k_per_split"]) - 1, room) >= 2
+    return np.array([split_bound(bound, int(M), int(N), int(K)) >= 2 for M, N, K in shapes], bool)
 
 
 def _k_law(shapes: np.ndarray, has: np.ndarray) -> dict:
-    M, N, K = (shapes[:, i].astype(np.int64) for i in range(3))
-    cls = np.searchsorted([16, 32, 64], np.minimum(K & -K, 64))
-    key = np.stack((M, N, (K - 1) // 128, cls), 1)
+    """K-law groups (one pair, one representative K of :func:`.splitk_enum.k_law_rep`) of more than one
+    shape, and those whose shapes disagree on having an algorithm."""
+    key = np.array([(M, N, k_law_rep(int(K))) for M, N, K in shapes], np.int64).reshape(-1, 3)
     _, inv = np.unique(key, axis=0, return_inverse=True)
     inv = inv.ravel()
-    lo = np.full(inv.max() + 1, 2, np.int64)
-    hi = np.full(inv.max() + 1, -1, np.int64)
-    np.minimum.at(lo, inv, has.astype(np.int64))
-    np.maximum.at(hi, inv, has.astype(np.int64))
-    sizes = np.bincount(inv)
-    return {"groups": int((sizes > 1).sum()), "broken": int(((lo != hi) & (sizes > 1)).sum())}
+    sizes, with_one = np.bincount(inv), np.bincount(inv, weights=has)
+    many = sizes > 1
+    return {"groups": int(many.sum()), "broken": int((many & (with_one > 0) & (with_one < sizes)).sum())}
 
 
 def report(path: str, bound: dict | None = None) -> dict:

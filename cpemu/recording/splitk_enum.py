@@ -93,8 +93,9 @@ K_LAW_ALIGN_CAP = 64
 #: of the pairs the K law decides, every this many-th is asked at every K and compared
 K_LAW_CHECK_EVERY = 16
 
-__all__ = ["PLAN_OPTIONS", "FAST_LAW_M_MAX", "FAST_LAW_CHECK_EVERY", "K_LAW_BLOCK", "K_LAW_ALIGN_CAP", "K_LAW_CHECK_EVERY", "k_law_rep",
-           "default_plan", "load_plan", "open_pairs", "pair_order", "k_grid", "plan_combos", "run_worker", "read_part",
+__all__ = ["PLAN_OPTIONS", "FAST_LAW_M_MAX", "FAST_LAW_CHECK_EVERY", "K_LAW_BLOCK", "K_LAW_ALIGN_CAP",
+           "K_LAW_CHECK_EVERY", "k_law_rep", "default_plan", "load_plan", "open_pairs", "pair_order", "k_grid",
+           "plan_combos", "run_worker", "read_part",
            "merge", "status"]
 
 
