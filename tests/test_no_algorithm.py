@@ -162,3 +162,77 @@ def test_no_algorithm_report_finds_what_breaks(tmp_path):
     assert r["shapes"] == 4 and r["with_algorithm"] == 2 and r["n_min"] == 8192 and r["m_max"] == 2
     assert r["k_law"] == {"groups": 1, "broken": 1}
     assert r["custom_option_law"] == {"violations": 2, "other_answer": 1}
+
+
+ROWBIAS = LARGE.parent / "rowbias.npz"
+
+
+def _rowbias():
+    d = np.load(ROWBIAS)
+    combos = json.loads(str(d["combos"]))
+    bias = [j for j, c in enumerate(combos) if c["bias"]]
+    twin = [combos.index({**combos[j], "bias": False}) for j in bias]
+    return d, combos, bias, twin
+
+
+def test_rowbias_record_spans_the_region_at_every_k():
+    """rowbias.npz (H200, splitk_measure --sets rowbias): 64 (M, N) pairs of the region, 16 of them with
+    N < 8192, at every K of the complete grid, the 6 combinations with bias and their 9 without."""
+    d, combos, bias, _ = _rowbias()
+    shapes = d["shapes"].astype(int)
+    pairs = {(M, N) for M, N, _ in shapes.tolist()}
+    assert len(pairs) == 64 and sum(N < 8192 for _, N in pairs) == 16
+    assert len(shapes) == 64 * 3776 and set(shapes[:, 2].tolist()) == set(range(5136, 65536 + 1, 16))
+    assert len(bias) == 6 and len(combos) == 15
+    assert all(c["scale_mode"] == "rowwise" and c["fast_accum"] for c in combos)
+
+
+def test_rowbias_record_below_8192_has_no_algorithm_at_any_k():
+    """The N law (no_algorithm.none_below_n) at every K: none of the 16 pairs with N < 8192 has an
+    algorithm with bias, in any combination; the smallest N with one is 8464 here."""
+    d, _, bias, _ = _rowbias()
+    N = d["shapes"][:, 1].astype(int)
+    has = d["ids"][:, bias] >= 0
+    assert not has[N < 8192].any() and (N < 8192).sum() == 16 * 3776
+    assert int(N[has.any(axis=1)].min()) == 8464 and int(has.sum()) == 514330
+
+
+def test_rowbias_record_keeps_the_k_law_and_the_custom_option_law():
+    """Every K of one 128-wide block with the same alignment class has one answer per combination (the K
+    law the rowwise-bias record uses); with bias there is an algorithm exactly where the answer without
+    bias has CUSTOM_OPTION != 0, and it is that answer."""
+    d, combos, bias, twin = _rowbias()
+    shapes, ids, configs = d["shapes"].astype(int), d["ids"], d["configs"]
+    M, N, K = shapes.T
+    key = (M * 65537 + N) * 1024 + -(-K // 128)
+    key = key * 128 + np.minimum(K & -K, 64)
+    order = np.argsort(key, kind="stable")
+    first = np.r_[True, key[order][1:] != key[order][:-1]]
+    group = np.cumsum(first) - 1
+    lead = order[first][group]  # each shape's group's first shape
+    assert first.sum() == 64 * 1416
+    assert (ids[order] == ids[lead]).all()
+    custom = json.loads(str(d["meta"]))["fields"].index("custom_option")
+    for j, t in zip(bias, twin):
+        plain = ids[:, t]
+        assert (plain >= 0).all()
+        has = ids[:, j] >= 0
+        assert (has == (configs[plain, custom] != 0)).all(), combos[j]
+        assert (ids[has, j] == plain[has]).all(), combos[j]
+
+
+def test_rowbias_record_against_the_profile():
+    """cpemu on every 61st recorded shape of each combination with bias: no algorithm where N < 8192 is
+    refused as no-algorithm; with N >= 8192, an answer with or without an algorithm is refused as
+    maybe-no-algorithm (the shipped profile has no rowwise-bias table yet), never answered."""
+    d, combos, bias, _ = _rowbias()
+    seen = {"no-algorithm": 0, "maybe-no-algorithm": 0}
+    for j in bias:
+        c = combos[j]
+        for (M, N, K), cid in zip(d["shapes"][::61].astype(int).tolist(), d["ids"][::61, j]):
+            got = _refusal(M, N, K, c["a_dtype"], c["b_dtype"], c["out_dtype"], True, True)
+            assert got is not None, ((M, N, K), c)
+            want = "no-algorithm" if N < 8192 else "maybe-no-algorithm"
+            assert got[1] == want and (cid < 0 or N >= 8192), ((M, N, K), c, got)
+            seen[want] += 1
+    assert seen["no-algorithm"] > 1000 and seen["maybe-no-algorithm"] > 3000
