@@ -29,7 +29,7 @@ from importlib import resources
 from .splitk_complete import load_complete, lookup
 
 __all__ = ["UnsupportedShape", "SplitKRule", "covered_k", "split_bound", "splits_from_rule", "load_table", "combo_key",
-           "no_algorithm", "split_verified", "complete_names", "table_range"]
+           "no_algorithm", "split_verified", "complete_names", "table_range", "beyond_complete"]
 
 
 class UnsupportedShape(ValueError):
@@ -154,7 +154,7 @@ def table_range(meta: dict) -> tuple[int, int, int, int]:
     return meta.get("n_min", 16), meta["n_max"], meta["k0"], meta["k0"] + meta["k_step"] * (meta["nk"] - 1)
 
 
-def _beyond_complete(params: dict, base_dir: str | None, N: int, K: int) -> str:
+def beyond_complete(params: dict, base_dir: str | None, N: int, K: int) -> str:
     """Where (N, K) lies in no complete table's plan: a clause that says so (else "")."""
     ranges = [table_range(load_complete(name, base_dir).meta) for name in complete_names(params)]
     if not ranges or any(n0 <= N <= n1 and k0 <= K <= k1 for n0, n1, k0, k1 in ranges):
@@ -183,7 +183,7 @@ def splits_from_rule(params: dict, M: int, N: int, K: int, fast_accum: bool, com
     if s is None:
         # beyond every complete table's plan the split region is outside the recorded domain; inside a plan
         # the shape is one the record has not reached yet
-        beyond = _beyond_complete(params, base_dir, N, K)
+        beyond = beyond_complete(params, base_dir, N, K)
         raise UnsupportedShape(
             f"cuBLASLt may split K for M={M}, N={N}, K={K} ({key}): up to {u} slices fit the K and workspace "
             f"bounds, and this shape's split-K count is not in the profile's recorded tables"
@@ -292,4 +292,4 @@ def no_algorithm(spec: dict | None, M: int, N: int, K: int, fast_accum: bool, ha
     return (f"cuBLASLt may have no algorithm for M={M}, N={N}, K={K} with bias and fast accumulation in this "
             f"scaling mode (the split bound is {u} >= {spec['bound_at_least']}): torch raises "
             f"CUBLAS_STATUS_NOT_SUPPORTED for most such shapes, and which ones it answers is not recorded"
-            f"{_beyond_complete(spec, base_dir, N, K)} (cpemu does not guess)", "maybe-no-algorithm")
+            f"{beyond_complete(spec, base_dir, N, K)} (cpemu does not guess)", "maybe-no-algorithm")

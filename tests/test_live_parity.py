@@ -207,7 +207,26 @@ def test_tally():
     assert t["random"]["backends"]["ref"] == {"mismatched": 1}
     assert t["split"]["calls"] == 3 and t["unsplit"]["calls"] == 1
     assert t["outside-profile"]["backends"]["torch"] == {"answered-refused": 1}
+    assert t["inside-domain"]["calls"] == 4 and "beyond-record" not in t
     assert lp.failures(entries) == 2
+    beyond = entry(False, True, None, "answered", ref="refused")
+    beyond["signature"]["beyond_record"] = True
+    t = lp.tally(entries + [beyond])
+    assert t["beyond-record"]["calls"] == 1 and t["inside-domain"]["calls"] == 4 and t["split"]["calls"] == 4
+
+
+@pytest.mark.parametrize("M, N, K, want", [(1, 4096, 65536, False), (1, 4096, 65552, True), (1, 65552, 8192, True),
+                                           (8, 4096, 131072, True), (256, 4096, 131072, False)])
+def test_beyond_record_is_the_split_region_past_the_complete_tables(M, N, K, want):
+    """The shipped complete table's plan holds N and K up to 65536; a shape that can split beyond it is
+    outside the recorded domain (and refused as outside-domain); one that cannot split is inside."""
+    got = lp.split_region(H200, "tensorwise", M, N, K) and lp.beyond_record(H200, "tensorwise", N, K)
+    assert got is want
+    assert not lp.beyond_record(H200, "rowwise", N, K)  # rowwise has no complete table: never beyond
+    if want:
+        with pytest.raises(cpemu.UnsupportedShape) as e:
+            H200.call(M, N, K, "e4m3", "e4m3", "bfloat16", "tensorwise", True, None)
+        assert e.value.reason == "outside-domain"
 
 
 def test_corrupted_native_fails(tmp_path):
@@ -297,6 +316,13 @@ def test_record_names_the_attributes_a_shim_reports(monkeypatch):
     monkeypatch.setenv("SPOOF_ATTRS", "16=132")
     env = lp.environment(cpemu.get_profile(cpemu.DEFAULT_PROFILE))
     assert env["reported_attributes"] == {"SPOOF_NAME": "NVIDIA H200", "SPOOF_ATTRS": "16=132"}
+
+
+def test_every_drawn_call_says_whether_it_lies_beyond_the_record():
+    sigs = _sigs(200, seed=3, max_mac=2 ** 40, split_share=0.5, outside_share=0)
+    assert all(s["beyond_record"] == (s["split_region"] and lp.beyond_record(H200, s["scaling"], s["N"], s["K"]))
+               for s in sigs)
+    assert any(s["beyond_record"] for s in sigs) and any(s["split_region"] and not s["beyond_record"] for s in sigs)
 
 
 def test_split_share_draws_inside_the_split_region():

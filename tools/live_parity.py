@@ -21,7 +21,10 @@ and per backend one status:
 
 Totals count statuses per backend and per region: ``model-like`` or ``random`` shapes,
 ``split`` or ``unsplit`` (see :func:`split_region`), ``outside-profile`` (a feature the
-profile does not record, drawn on purpose: native should refuse it, and cpemu must too).
+profile does not record, drawn on purpose: native should refuse it, and cpemu must too),
+``beyond-record`` (a shape that can split with N or K beyond every complete split-K table: outside
+the recorded domain, refused as ``outside-domain``) and ``inside-domain`` (every other call: where
+cpemu must answer, or refuse only where native does).
 The record also holds the device, the torch, CUDA, cuBLASLt and driver versions and the
 cpemu commit. Exit status 1 on any failure. The record is rewritten every 25 calls, so a
 killed run keeps what it ran; ``--max-seconds`` stops drawing when the time is up.
@@ -52,7 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpemu  # noqa: E402
 from cpemu.backends import on_host  # noqa: E402
 from parity_calls import (  # noqa: E402,F401  (the calls; the tests reach them here too)
-    BEYOND_SHAPES, DESIGNED, FP8, LARGE_OPTIONS, LARGE_SHAPES, MODEL_NK, TOKEN_RANGES, Operands, _codes, _domain,
+    BEYOND_SHAPES, DESIGNED, beyond_record, FP8, LARGE_OPTIONS, LARGE_SHAPES, MODEL_NK, TOKEN_RANGES, Operands, _codes, _domain,
     _gauss_table, designed_calls, draw_calls, in_domain, split_region,
 )
 
@@ -126,7 +129,10 @@ def regions(sig: dict) -> list[str]:
     """The tally regions of a call."""
     if sig.get("outside"):
         return ["all", "outside-profile"]
-    return ["all", "model-like" if sig["model_like"] else "random", "split" if sig["split_region"] else "unsplit"]
+    split = "split" if sig["split_region"] else "unsplit"
+    if sig.get("beyond_record"):  # can split, beyond the recorded domain: refused as outside-domain
+        return ["all", "model-like" if sig["model_like"] else "random", split, "beyond-record"]
+    return ["all", "inside-domain", "model-like" if sig["model_like"] else "random", split]
 
 
 def tally(entries: list[dict]) -> dict:

@@ -8,6 +8,8 @@ import math
 import ml_dtypes
 import numpy as np
 
+from cpemu.splitk import beyond_complete, complete_names
+
 FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 DEFAULT_DOMAIN = {"M": [1, 16384], "N": [16, 16384], "K": [16, 16384]}
 
@@ -166,7 +168,16 @@ def draw_call(rng, profile, index: int, *, model_share: float = 0.5, split_share
     sig["outside"] = _outside(rng, profile, sig) if rng.random() < outside_share else None
     sig["model_like"] = source != "random"
     sig["split_region"] = split_region(profile, scaling, M, N, K)
+    sig["beyond_record"] = sig["split_region"] and beyond_record(profile, scaling, N, K)
     return sig
+
+
+def beyond_record(profile, scaling: str, N: int, K: int) -> bool:
+    """Where (N, K) lies beyond every complete split-K table of the mode: outside the profile's
+    recorded domain for shapes that can split (README: N and K up to 65536 there), refused as
+    ``outside-domain``. A label for the tallies only."""
+    params = (profile.data["modes"][scaling].get("split_k") or {}).get("params") or {}
+    return bool(complete_names(params)) and bool(beyond_complete(params, profile.base_dir, N, K))
 
 
 #: shapes above 16384 in each dimension where nothing can split (M * ceil32(N) > 131070, or K <= 5120):
