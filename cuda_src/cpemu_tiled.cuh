@@ -107,6 +107,12 @@ static_assert(CPT_STAGE_PASS1 || (CPT_RZACC && ((CPT_PROBE_SKIP & 1) || CPT_EPRO
               "CPT_STAGE_PASS1=0: cuda-rzacc without pass 1 in the GEMM kernel");
 static_assert(!CPT_EPROD || (!CPT_STAGE_PASS1 && CPT_PREDECODE && !(CPT_PROBE_SKIP & 1)),
               "CPT_EPROD: with CPT_STAGE_PASS1=0 and CPT_PREDECODE (gemm_rzacc_pre)");
+#ifndef CPT_PIPE2
+#define CPT_PIPE2 0  // 1 (measurement builds, with CPT_PREDECODE): a two-step software pipeline (cpt_step_pipe2)
+#endif
+static_assert(!CPT_PIPE2 || (CPT_PREDECODE && CPT_STAGE_PASS1 && !CPT_PASS1_MMA && !CPT_EPROD && !CPT_PROBE_SKIP &&
+                             !CPT_PROBE_MMA && !CPT_FIXED_L),
+              "CPT_PIPE2: gemm_rzacc_pre's exact build, pass 1 in the GEMM kernel on CUDA cores (no probe, no CPT_FIXED_L)");
 #ifndef CPT_KPARTS
 #define CPT_KPARTS 1  // threads per output (cuda-rzacc): a step's products split over them (small M)
 #endif
@@ -191,7 +197,7 @@ struct CptShared {
 static_assert(CPT_RZACC && CPT_KPARTS == 1 && CPT_BM == CPT_BN, "CPT_PREDECODE: cuda-rzacc, square blocks");
 static_assert(CPT_IMAGE_BYTES(CPT_BM) % 16 == 0, "stage images are copied in 16-byte pieces");
 struct CptSharedPre {
-    CptStage st[2];
+    CptStage st[CPT_PIPE2 ? 3 : 2];  // CPT_PIPE2: this step's, the next step's and the one after's
 #if CPT_EPROD
     cpt_u32 ep[CPT_THREADS][8];  // each thread's e_max bytes of the step (row i: word i, column j: byte j)
 #endif
@@ -406,6 +412,59 @@ __device__ __forceinline__ void cpt_predecode_body(const cpt_u8* __restrict__ X,
 }
 #endif
 
+#if CPT_PIPE2
+// ------------------------------------------------------------------------ two-step pipeline
+
+// CPT_PIPE2 (a measurement build of gemm_rzacc_pre): pass 1 of a step of e4m3 x e4m3 (cpt_emax_bf16's
+// bf16 sums X, which do not depend on the chain) runs during the previous step's pass 2, in the same
+// loop, so that each warp issues two independent streams: per trip of 4 K elements, pass 2's 128 FFMA
+// and count for this step and 64 HFMA2 of the next step's sums (two pairs of its K elements). The
+// step then reads e_max off the sums it carries (cpt_emax_bf16_read, with c's exponent as it stands
+// then). The next step's codes must be in shared memory while this step's are read, and the copy of
+// the one after must land meanwhile: three stages (CptSharedPre::st, 101,376 bytes per block, two
+// blocks per SM). Both sums run in cpt_sum_rzacc's and cpt_emax_bf16's order over the same operands:
+// the same bits. Other formats keep pass 1 at the step's start (cpt_emax, not pipelined).
+
+// The sums X of pass 1 over the K groups [t0, t1) (4 elements, two pairs each) of the step whose
+// codes start at element kofs of stage sh's chunk, in cpt_emax_bf16's order.
+__device__ __forceinline__ void cpt_emax_bf16_groups(const CptStage& sh, int ty, int tx, int kofs, int t0, int t1,
+                                                     cpt_u32 (&X)[CPT_TM][CPT_TN]) {
+#pragma unroll 1
+    for (int t = t0; t < t1; ++t) {
+        cpt_emax_bf16_pair(sh, ty, tx, kofs / 2 + 2 * t, X);
+        cpt_emax_bf16_pair(sh, ty, tx, kofs / 2 + 2 * t + 1, X);
+    }
+}
+
+// Pass 2 of the step of klen elements at kofs of stage sh (cpt_sum_rzacc into out), with pass 1's
+// sums Xn of the next step (nklen elements at nkofs of stage shn; nklen = 0: none) in the same loop
+// while both have K groups left, then whichever has groups left alone.
+__device__ __forceinline__ void cpt_step_pipe2(const CptStage& sh, const CptStage& shn, int ty, int tx, int kofs,
+                                               int klen, int nkofs, int nklen, const float (&acc)[CPT_TM][CPT_TN],
+                                               const int (&em)[CPT_TM][CPT_TN], int F, int lmin, cpt_u32 rmask,
+                                               cpt_u32 (&Xn)[CPT_TM][CPT_TN], float (&out)[CPT_TM][CPT_TN]) {
+    float X[CPT_TM][CPT_TN];      // the biased accumulator
+    cpt_u32 T4[CPT_TM][CPT_TN];   // T in every byte
+    cpt_u32 cnt[CPT_TM][CPT_TN];  // 128 * the products to move up by one unit
+    cpt_rzacc_begin(acc, em, F, lmin, X, T4, cnt);
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) Xn[i][j] = 0u;
+    const int n2 = klen / 4, n1 = nklen / 4, nf = min(n2, n1);  // K groups of this step, of the next, together
+#pragma unroll 1
+    for (int t = 0; t < nf; ++t) {
+        cpt_rzacc_group(sh, ty, tx, kofs + 4 * t, X, T4, cnt);
+        cpt_emax_bf16_pair(shn, ty, tx, nkofs / 2 + 2 * t, Xn);
+        cpt_emax_bf16_pair(shn, ty, tx, nkofs / 2 + 2 * t + 1, Xn);
+    }
+#pragma unroll 1
+    for (int t = nf; t < n2; ++t) cpt_rzacc_group(sh, ty, tx, kofs + 4 * t, X, T4, cnt);
+    cpt_emax_bf16_groups(shn, ty, tx, nkofs, nf, n1, Xn);
+    cpt_rzacc_end(X, cnt, em, F, rmask, out);
+}
+#endif
+
 #if CPT_EPROD
 // ------------------------------------------------------------------------ e_max bytes
 
@@ -509,7 +568,31 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
 
     CpemuStep cur;  // the step's place in the schedule (cpemu_schedule.cuh)
     cpemu_step_slice(cur, slices, 0, promotion, L);
-#if CPT_PREDECODE
+#if CPT_PIPE2
+    // every step lies in one 32-element K chunk (kernels.py checks the plan); the stages of this
+    // step (buf) and of the next (nbuf: the same at L = 16 when both lie in one chunk) are in place
+    // at each step's start, the one after's lands during it (a ring of three)
+    int buf = 0, nbuf = 0;
+    cpt_copy_image<CPT_BM>(sp.st[0].a, Ai, blockIdx.y, nchunks, cur.k);
+    cpt_copy_image<CPT_BN>(sp.st[0].b, Bi, blockIdx.x, nchunks, cur.k);
+    cpt_cp_async_commit();
+    CpemuStep next = cur;
+    int more = cpemu_step_next(next, slices, n_slices, promotion, L) != 3;
+    if (more && (next.k >> 5) != (cur.k >> 5)) {
+        nbuf = 1;
+        cpt_copy_image<CPT_BM>(sp.st[1].a, Ai, blockIdx.y, nchunks, next.k);
+        cpt_copy_image<CPT_BN>(sp.st[1].b, Bi, blockIdx.x, nchunks, next.k);
+        cpt_cp_async_commit();
+    }
+    cpt_u32 Xn[CPT_TM][CPT_TN];  // pass 1's sums of the step about to run (bf_emax)
+    cpt_cp_async_wait();
+    __syncthreads();  // the first step's stage has landed
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) Xn[i][j] = 0u;
+    if (bf_emax) cpt_emax_bf16_groups(sp.st[0], ty, tx, cur.k & (CPT_KT - 1), 0, (cur.ke - cur.k) / 4, Xn);
+#elif CPT_PREDECODE
     // every step lies in one 32-element K chunk (kernels.py checks the plan)
     int buf = 0;
     cpt_copy_image<CPT_BM>(sp.st[0].a, Ai, blockIdx.y, nchunks, cur.k);
@@ -526,7 +609,24 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
 #endif
     for (;;) {
         const int s = cur.s, k = cur.k, ke = cur.ke, k0 = cur.k0, k1 = cur.k1, cstart = cur.cstart, cend = cur.cend;
-#if CPT_PREDECODE
+#if CPT_PIPE2
+        const int kofs = k & (CPT_KT - 1);
+        cpt_cp_async_wait();
+        __syncthreads();  // the next step's stage has landed; every thread is done with the previous step
+        const CptStage& st = sp.st[buf];
+        const CptStage& stn = sp.st[nbuf];
+        // the step after the next one: its stage (if a new chunk) goes to the ring's slot after nbuf,
+        // which neither this step nor the next reads (buf and nbuf are equal or adjacent)
+        CpemuStep next2 = next;
+        const int more2 = more && cpemu_step_next(next2, slices, n_slices, promotion, L) != 3;
+        int nbuf2 = nbuf;
+        if (more2 && (next2.k >> 5) != (next.k >> 5)) {
+            nbuf2 = nbuf == 2 ? 0 : nbuf + 1;
+            cpt_copy_image<CPT_BM>(sp.st[nbuf2].a, Ai, blockIdx.y, nchunks, next2.k);
+            cpt_copy_image<CPT_BN>(sp.st[nbuf2].b, Bi, blockIdx.x, nchunks, next2.k);
+            cpt_cp_async_commit();
+        }
+#elif CPT_PREDECODE
         const int kofs = k & (CPT_KT - 1);
         cpt_cp_async_wait();
         __syncthreads();  // this step's stage has landed; every thread is done with the other one
@@ -597,7 +697,16 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
             }
         }
         int em[CPT_TM][CPT_TN];
-#if CPT_EPROD
+#if CPT_PIPE2
+        if (bf_emax) {  // from the sums the previous step (or the prologue) left in Xn
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT_TN; ++j) em[i][j] = cpt_emax_bf16_read(Xn[i][j], acc[i][j]);
+        } else {
+            cpt_emax(st, ty, tx, kofs, klen, acc, em);
+        }
+#elif CPT_EPROD
         {  // e_max of the products from the bytes cpemu_rzacc_eprod wrote (its step k / L), then the next step's
             const uint4 w0 = *(const uint4*)&sp.ep[threadIdx.x][0], w1 = *(const uint4*)&sp.ep[threadIdx.x][4];
             const cpt_u32 w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
@@ -648,7 +757,10 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
         }
 #endif
 #endif  // CPT_EPROD
-#if CPT_RZACC
+#if CPT_PIPE2  // this step's pass 2 and, for bf_emax, the next step's pass 1 (into Xn)
+        cpt_step_pipe2(st, stn, ty, tx, kofs, klen, next.k & (CPT_KT - 1), more && bf_emax ? next.ke - next.k : 0, acc,
+                       em, F, cpt_lambda_min(a_fmt) + cpt_lambda_min(b_fmt), rmask, Xn, acc);
+#elif CPT_RZACC
         if (CPT_FIXED_L > 0 && klen == CPT_FIXED_L) {
             cpt_sum_rzacc<CPT_FIXED_L>(st, ty, tx, kofs, klen, acc, em, F, cpt_lambda_min(a_fmt) + cpt_lambda_min(b_fmt),
                                        rmask, acc);
@@ -710,6 +822,12 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
         }
         if (!more) break;
         cur = next;
+#if CPT_PIPE2
+        next = next2;
+        more = more2;
+        buf = nbuf;
+        nbuf = nbuf2;
+#endif
     }
 
     // ---- epilogue (acc holds the FP32 accumulator of the whole GEMM)

@@ -118,6 +118,28 @@ __device__ __forceinline__ void cpt_emax_tile_mma(const cpt_u32 (&xa)[CPT_KT / 2
 // [2**(8 (E_max - 2)), 2**(8 (E_max - 2) + 4.1)), so floor(log2 X) / 8 rounded down is
 // E_max - 2 exactly (8 > 4.1). e4m3 products have E in [-12, 16]: every X stays a normal bf16
 // (2**-112 to 2**117). Zero, NaN and Inf codes contribute 0.
+// The sums X of the thread's outputs, one pair of K elements: pair q of the stage's 32-element
+// chunk (its codes 2q and 2q + 1).
+__device__ __forceinline__ void cpt_emax_bf16_pair(const CptStage& sh, int ty, int tx, int q,
+                                                   cpt_u32 (&X)[CPT_TM][CPT_TN]) {
+    cpt_u32 xa[CPT_TM], xb[CPT_TN];
+    cpt_load_words(&sh.a.x2[q][ty * CPT_TM], xa);
+    cpt_load_words(&sh.b.x2[q][tx * CPT_TN], xb);
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) X[i][j] = cpt_bf16x2_fma(xa[i], xb[j], X[i][j]);
+}
+
+// e_max of one output from its sum X and its accumulator c.
+__device__ __forceinline__ int cpt_emax_bf16_read(cpt_u32 X, float c) {
+    // the larger lane (positive bf16 bits order like their values); 0: every product is zero
+    const cpt_u32 mx = max(X & 0xFFFFu, X >> 16);
+    // floor((be - 127) / 8) + 2 for the biased exponent be = mx >> 7 (>= 15)
+    const int e = mx ? (int)(((mx >> 7) + 1u) >> 3) - 14 : CPT_SENT;
+    return max(cpt_c_exp(c), e);
+}
+
 // KL > 0: klen == KL, known at compile time (the loop unrolled in full; CPT_FIXED_L)
 template <int KL>
 __device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx, int kofs, int klen_,
@@ -129,24 +151,12 @@ __device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx
 #pragma unroll
         for (int j = 0; j < CPT_TN; ++j) X[i][j] = 0u;
     CPT_STEP_LOOP(q, klen / 2, 1, CPT_UNROLL(KL > 0 ? KL / 2 : CPT_EMAX_UNROLL)) {
-        cpt_u32 xa[CPT_TM], xb[CPT_TN];
-        cpt_load_words(&sh.a.x2[kofs / 2 + q][ty * CPT_TM], xa);
-        cpt_load_words(&sh.b.x2[kofs / 2 + q][tx * CPT_TN], xb);
-#pragma unroll
-        for (int i = 0; i < CPT_TM; ++i)
-#pragma unroll
-            for (int j = 0; j < CPT_TN; ++j) X[i][j] = cpt_bf16x2_fma(xa[i], xb[j], X[i][j]);
+        cpt_emax_bf16_pair(sh, ty, tx, kofs / 2 + q, X);
     }
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
-        for (int j = 0; j < CPT_TN; ++j) {
-            // the larger lane (positive bf16 bits order like their values); 0: every product is zero
-            const cpt_u32 mx = max(X[i][j] & 0xFFFFu, X[i][j] >> 16);
-            // floor((be - 127) / 8) + 2 for the biased exponent be = mx >> 7 (>= 15)
-            const int e = mx ? (int)(((mx >> 7) + 1u) >> 3) - 14 : CPT_SENT;
-            em[i][j] = max(cpt_c_exp(acc[i][j]), e);
-        }
+        for (int j = 0; j < CPT_TN; ++j) em[i][j] = cpt_emax_bf16_read(X[i][j], acc[i][j]);
 #if CPT_KPARTS > 1
     cpt_parts_max(em);
 #endif

@@ -43,14 +43,13 @@ __device__ __forceinline__ void cpt_load_vs(const CptTile<R>& t, int kk, int r0,
 // bits and summed by dp4a (128 per counted product). The count is added to X's bit pattern (one
 // ulp each), X - B is exact (Sterbenz), and clearing the low 23 - R bits rounds it toward zero to
 // R fraction bits. cpemu/rzacc_twin.py is this arithmetic in numpy, with these claims asserted.
-template <int KL>  // KL > 0: klen == KL, known at compile time (CPT_FIXED_L)
-__device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx, int kofs, int klen_,
-                                              const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
-                                              int F, int lmin, cpt_u32 rmask, float (&out)[CPT_TM][CPT_TN]) {
-    const int klen = KL > 0 ? KL : klen_;
-    float X[CPT_TM][CPT_TN];     // the biased accumulator
-    cpt_u32 T4[CPT_TM][CPT_TN];  // T in every byte
-    cpt_u32 cnt[CPT_TM][CPT_TN]; // 128 * the products to move up by one unit
+
+// The pieces of cpt_sum_rzacc (below) around its loop: the biased accumulators, the threshold bytes and
+// the counts of the thread's outputs before the step's products (cpt_rzacc_begin), and the step's
+// results (cpt_rzacc_end). CPT_PIPE2 runs them around a loop of its own (cpt_rzacc_group).
+__device__ __forceinline__ void cpt_rzacc_begin(const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
+                                                int F, int lmin, float (&X)[CPT_TM][CPT_TN],
+                                                cpt_u32 (&T4)[CPT_TM][CPT_TN], cpt_u32 (&cnt)[CPT_TM][CPT_TN]) {
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
@@ -68,6 +67,75 @@ __device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx
             T4[i][j] = (cpt_u32)(min(max(g - 1 - lmin, -1), 62) + 2) * 0x01010101u;
             cnt[i][j] = 0u;
         }
+}
+
+__device__ __forceinline__ void cpt_rzacc_end(const float (&X)[CPT_TM][CPT_TN], const cpt_u32 (&cnt)[CPT_TM][CPT_TN],
+                                              const int (&em)[CPT_TM][CPT_TN], int F, cpt_u32 rmask,
+                                              float (&out)[CPT_TM][CPT_TN]) {
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            const cpt_u32 Bb = ((cpt_u32)(em[i][j] - F + 150) << 23) | 0x400000u;
+            const float Xc = __uint_as_float(__float_as_uint(X[i][j]) + (cnt[i][j] >> 7));
+#if CPT_KPARTS > 1
+            float D = cpemu_fsub_rn(Xc, __uint_as_float(Bb));  // exact: this part's sum in units of 2**g
+#pragma unroll
+            for (int d = 1; d < CPT_KPARTS; d <<= 1) D = cpemu_fadd_rn(D, __shfl_xor_sync(0xFFFFFFFFu, D, d));  // exact
+            out[i][j] = __uint_as_float(__float_as_uint(D) & rmask);
+#else
+            out[i][j] = __uint_as_float(__float_as_uint(cpemu_fsub_rn(Xc, __uint_as_float(Bb))) & rmask);
+#endif
+        }
+}
+
+#if CPT_PIPE2
+// The products of the 4 K elements k4 .. k4 + 3 of the stage's chunk for the thread's outputs: the
+// body of cpt_sum_rzacc's loop, the same operations in the same order (cpt_sum_rzacc keeps its
+// own copy: as a call there it changes the shipped build's register allocation, not its bits).
+__device__ __forceinline__ void cpt_rzacc_group(const CptStage& sh, int ty, int tx, int k4, float (&X)[CPT_TM][CPT_TN],
+                                                const cpt_u32 (&T4)[CPT_TM][CPT_TN],
+                                                cpt_u32 (&cnt)[CPT_TM][CPT_TN]) {
+    float va[4][CPT_TM], vb[4][CPT_TN];
+    cpt_u32 la[CPT_TM], lb[CPT_TN], sa[CPT_TM], sb[CPT_TN];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+        cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.a.v[k4 + h][ty * CPT_TM]),
+                       reinterpret_cast<cpt_u32(&)[CPT_TM]>(va[h]));
+        cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.b.v[k4 + h][tx * CPT_TN]),
+                       reinterpret_cast<cpt_u32(&)[CPT_TN]>(vb[h]));
+    }
+    cpt_load_words(&sh.a.lam[k4 / 4][ty * CPT_TM], la);
+    cpt_load_words(&sh.b.lam[k4 / 4][tx * CPT_TN], lb);
+    cpt_load_words(&sh.a.sg[k4 / 4][ty * CPT_TM], sa);
+    cpt_load_words(&sh.b.sg[k4 / 4][tx * CPT_TN], sb);
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+#pragma unroll
+            for (int h = 0; h < 4; ++h) X[i][j] = cpemu_fma_rz(va[h][i], vb[h][j], X[i][j]);
+#if !(CPT_PROBE_SKIP & 2)
+            const cpt_u32 x = la[i] + lb[j] + T4[i][j];
+#if CPT_PROBE_SKIP & 4  // the count's inner cost with signs folded into the bytes (docs/design-notes.md): no LOP3
+            cnt[i][j] = (cpt_u32)__dp4a((int)x, 0x01010101, (int)cnt[i][j]);
+#else
+            cnt[i][j] = __dp4a(x & (sa[i] ^ sb[j]), 0x01010101u, cnt[i][j]);
+#endif
+#endif
+        }
+}
+#endif
+
+template <int KL>  // KL > 0: klen == KL, known at compile time (CPT_FIXED_L)
+__device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx, int kofs, int klen_,
+                                              const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
+                                              int F, int lmin, cpt_u32 rmask, float (&out)[CPT_TM][CPT_TN]) {
+    const int klen = KL > 0 ? KL : klen_;
+    float X[CPT_TM][CPT_TN];     // the biased accumulator
+    cpt_u32 T4[CPT_TM][CPT_TN];  // T in every byte
+    cpt_u32 cnt[CPT_TM][CPT_TN]; // 128 * the products to move up by one unit
+    cpt_rzacc_begin(acc, em, F, lmin, X, T4, cnt);
     CPT_STEP_LOOP(kk, klen, 4, CPT_UNROLL(KL > 0 ? KL / 4 : CPT_SUM_UNROLL)) {  // words of 4 codes; klen is a multiple of 8
         float va[4][CPT_TM], vb[4][CPT_TN];
         cpt_u32 la[CPT_TM], lb[CPT_TN], sa[CPT_TM], sb[CPT_TN];
@@ -98,21 +166,7 @@ __device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx
 #endif
             }
     }
-#pragma unroll
-    for (int i = 0; i < CPT_TM; ++i)
-#pragma unroll
-        for (int j = 0; j < CPT_TN; ++j) {
-            const cpt_u32 Bb = ((cpt_u32)(em[i][j] - F + 150) << 23) | 0x400000u;
-            const float Xc = __uint_as_float(__float_as_uint(X[i][j]) + (cnt[i][j] >> 7));
-#if CPT_KPARTS > 1
-            float D = cpemu_fsub_rn(Xc, __uint_as_float(Bb));  // exact: this part's sum in units of 2**g
-#pragma unroll
-            for (int d = 1; d < CPT_KPARTS; d <<= 1) D = cpemu_fadd_rn(D, __shfl_xor_sync(0xFFFFFFFFu, D, d));  // exact
-            out[i][j] = __uint_as_float(__float_as_uint(D) & rmask);
-#else
-            out[i][j] = __uint_as_float(__float_as_uint(cpemu_fsub_rn(Xc, __uint_as_float(Bb))) & rmask);
-#endif
-        }
+    cpt_rzacc_end(X, cnt, em, F, rmask, out);
 }
 #else
 // Pass 2, fast path (F <= 16): out[i][j] = the step's result before NaN/Inf handling (see

@@ -18,7 +18,11 @@
 #define CPT_TN 4  // outputs per thread along N
 #endif
 #ifndef CPT_MINBLOCKS
+#if defined(CPT_PIPE2) && CPT_PIPE2
+#define CPT_MINBLOCKS 2  // three stages per block: two blocks fit an SM of 228 KB (Hopper)
+#else
 #define CPT_MINBLOCKS 3  // 168 registers; three blocks' stages fit an SM of 228 KB (Hopper)
+#endif
 #endif
 #ifndef CPT_PASS1_MMA
 #define CPT_PASS1_MMA 0
@@ -28,6 +32,8 @@
 #define CPT_SMEM_BYTES 55296  // two stages of 200 bytes per row of A and of B, and 32 e_max bytes per thread
 #elif defined(CPT_STAGE_PASS1) && !CPT_STAGE_PASS1
 #define CPT_SMEM_BYTES 51200  // two stages of 200 bytes per row of A and of B (no pass 1 operand)
+#elif defined(CPT_PIPE2) && CPT_PIPE2
+#define CPT_SMEM_BYTES 101376  // three stages of 264 bytes per row of A and of B (a measurement build)
 #elif CPT_PASS1_MMA
 #define CPT_SMEM_BYTES 71680  // two stages of 264 bytes per row of A and of B, and pass 1's 64 x 64 bytes
 #else

@@ -46,6 +46,11 @@ def test_launch_constants_match_the_source(module):
         assert kernels.EPROD_SMEM == 2 * 200 * (bm + bn) + 32 * kernels.tiled_threads(module)
         assert kernels.tiled_smem(module, kernels.EPROD_DEFINES) == kernels.EPROD_SMEM
         assert "#define CPT_SMEM_BYTES 55296" in (SRC / f"{module}.cu").read_text()
+        # the CPT_PIPE2=1 build (the next step's pass 1 inside this step's pass 2): three full stages
+        assert kernels.PIPE2_SMEM == 3 * 264 * (bm + bn)
+        assert kernels.tiled_smem(module, (kernels.PIPE2_DEFINE, "CPT_MINBLOCKS=2")) == kernels.PIPE2_SMEM
+        assert "#define CPT_SMEM_BYTES 101376" in (SRC / f"{module}.cu").read_text()
+        assert "CptStage st[CPT_PIPE2 ? 3 : 2];" in (SRC / "cpemu_tiled.cuh").read_text()
     elif module in kernels.TILED_FAMILIES["cuda-rzacc"]:
         assert "#define CPT_RZACC 1" in (SRC / f"{module}.cu").read_text()
         assert smem == 264 * (bm + bn) + 4608
@@ -59,8 +64,9 @@ def test_launch_constants_match_the_source(module):
 def test_kparts_builds_compile():
     """The small-M design with a step's products over 2 or 4 threads (CPT_KPARTS, cuda-rzacc), and
     gemm_rzacc_pre with pass 1 on tensor cores (CPT_PASS1_MMA) and the stage without pass 1's operand
-    (CPT_STAGE_PASS1=0, a ceiling measurement), pass 1 in a tensor-core kernel of its own (CPT_EPROD=1) and
-    the count without its sign mask (CPT_PROBE_SKIP=4, a ceiling measurement),
+    (CPT_STAGE_PASS1=0, a ceiling measurement), pass 1 in a tensor-core kernel of its own (CPT_EPROD=1),
+    the count without its sign mask (CPT_PROBE_SKIP=4, a ceiling measurement) and the two-step pipeline
+    (CPT_PIPE2=1: the next step's pass 1 inside this step's pass 2, three stages),
     build for every architecture with
     the pinned NVRTC (their bits are checked on a GPU: CPEMU_TEST_RZACC_DEFINES); the default
     fatbins do not contain them (build_fatbin --check)."""
@@ -76,7 +82,8 @@ def test_kparts_builds_compile():
                          ("gemm_rzacc_pre", "CPT_PASS1_MMA 1"),
                          ("gemm_rzacc_pre", "CPT_PROBE_SKIP 1\n#define CPT_STAGE_PASS1 0\n#define CPT_MINBLOCKS 4"),
                          ("gemm_rzacc_pre", "CPT_EPROD 1\n#define CPT_STAGE_PASS1 0\n#define CPT_MINBLOCKS 4"),
-                         ("gemm_rzacc_pre", "CPT_PROBE_SKIP 4")):
+                         ("gemm_rzacc_pre", "CPT_PROBE_SKIP 4"),
+                         ("gemm_rzacc_pre", "CPT_PIPE2 1\n#define CPT_MINBLOCKS 2")):
         cu = SRC / f"{module}.cu"
         sources = bf.module_sources(SRC, cu)
         headers = {k: v for k, v in sources.items() if k != cu.name}
@@ -87,6 +94,11 @@ def test_kparts_builds_compile():
         cu = SRC / "gemm_tiled_small_m.cu"
         sources = bf.module_sources(SRC, cu)
         tc.compile(cu.name, b"#define CPT_KPARTS 2\n" + sources[cu.name],
+                   {k: v for k, v in sources.items() if k != cu.name}, "sm_90a")
+    with pytest.raises(Exception, match="CPT_PIPE2: gemm_rzacc_pre's exact build"):  # no probe in the pipeline
+        cu = SRC / "gemm_rzacc_pre.cu"
+        sources = bf.module_sources(SRC, cu)
+        tc.compile(cu.name, b"#define CPT_PIPE2 1\n#define CPT_PROBE_SKIP 1\n" + sources[cu.name],
                    {k: v for k, v in sources.items() if k != cu.name}, "sm_90a")
 
 

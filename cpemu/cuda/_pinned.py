@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "049615324b6b5ca3c27d4f12ae6fa1976df2c40be16b6cd6c514e9fec1cdf7de"
+MANIFEST_SHA256 = "3f8f163671bbafbf18307ce4b51814d0d5ea4e7c80d71b4225da77cdde119aaf"

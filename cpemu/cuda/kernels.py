@@ -116,6 +116,11 @@ NO_PASS1_IMAGE_BYTES = 196 * IMAGE_ROWS
 EPROD_KERNEL = "cpemu_rzacc_eprod"
 EPROD_DEFINES = ("CPT_EPROD=1", "CPT_STAGE_PASS1=0")
 EPROD_SMEM = 55296
+#: a ``CPT_PIPE2=1`` measurement build of gemm_rzacc_pre: the next step's pass 1 inside this step's pass 2
+#: (a two-step software pipeline), three stages of 264 bytes per row of A and B: the GEMM's shared memory
+#: (two blocks per SM on Hopper)
+PIPE2_DEFINE = "CPT_PIPE2=1"
+PIPE2_SMEM = 101376
 #: gemm_rzacc_pre runs where both operands' images take at most this many bytes, and at most a
 #: quarter of the GPU's free memory (else gemm_rzacc, the same bits)
 PREDECODE_MAX_BYTES = 4 << 30
@@ -493,10 +498,12 @@ def launch(kernel_family: str, call: Call, ops: Operands, *, defines: tuple = ()
     module = tiled_module_for(M, N, _sm_count(a.data.device_id), kernel_family) if tiled_module is None \
         else tiled_module
     if module == RZACC_PRE or (tiled_module is None and module == "gemm_rzacc" and min(M, N) >= PREDECODE_MIN_MN):
-        why_not = predecode_limit(call, a.data.device_id)
+        why_not = predecode_limit(call, a.data.device_id, defines)
         if module == RZACC_PRE and why_not:
             _fail("tiled_module", f"{RZACC_PRE} cannot run this call: {why_not}", module)
         module = "gemm_rzacc" if why_not else RZACC_PRE
+    if module != RZACC_PRE and _defines(defines, PIPE2_DEFINE):
+        defines = tuple(d for d in defines if str(d) != PIPE2_DEFINE)  # a build of gemm_rzacc_pre only
     if module == RZACC_PRE and _eprod(defines) and not (call.a_format.name == "e4m3" and call.b_format.name == "e4m3"):
         defines = tuple(d for d in defines if d not in EPROD_DEFINES)  # that build is e4m3 x e4m3 only: the same bits
     fn = get_kernel(kernel_family, tuple(defines), module)
@@ -512,11 +519,12 @@ def launch(kernel_family: str, call: Call, ops: Operands, *, defines: tuple = ()
     return out
 
 
-def predecode_limit(call, device: int) -> str | None:
-    """Why ``gemm_rzacc_pre`` cannot run ``call`` on ``device`` (then gemm_rzacc runs it, the
-    same bits), or None: every step must lie in one 32-element K chunk (L divides 32 and every
-    slice starts at a multiple of L), the two operands' stage images must fit PREDECODE_MAX_BYTES
-    and a quarter of the free memory, and the SM must hold two blocks' shared memory."""
+def predecode_limit(call, device: int, defines=()) -> str | None:
+    """Why ``gemm_rzacc_pre`` (built with ``defines``) cannot run ``call`` on ``device`` (then
+    gemm_rzacc runs it, the same bits), or None: every step must lie in one 32-element K chunk
+    (L divides 32 and every slice starts at a multiple of L), the two operands' stage images must
+    fit PREDECODE_MAX_BYTES and a quarter of the free memory, and the SM must hold two blocks'
+    shared memory."""
     L, chunk = call.model.L, PREDECODE[2]
     if chunk % L or any(k0 % L for k0, _ in call.plan.slices):
         return f"its steps do not lie in {chunk}-element K chunks (L = {L}, slices {list(call.plan.slices)[:4]})"
@@ -524,7 +532,7 @@ def predecode_limit(call, device: int) -> str | None:
     free = int(_cupy().cuda.runtime.memGetInfo()[0])
     if need > min(PREDECODE_MAX_BYTES, free // 4):
         return f"its stage images take {need} bytes (at most {PREDECODE_MAX_BYTES} and a quarter of the {free} free)"
-    if _smem_per_sm(device) < 2 * TILED_VARIANTS[RZACC_PRE][5]:
+    if _smem_per_sm(device) < 2 * tiled_smem(RZACC_PRE, defines):
         return "the SM holds less than two blocks' shared memory"
     return None
 
@@ -645,7 +653,10 @@ def simple_geometry(kernel: str, fn) -> tuple[int, int, int]:
 
 def tiled_smem(module: str, defines=()) -> int:
     """Dynamic shared memory of a tiled geometry's GEMM kernel: TILED_VARIANTS', plus pass 1's
-    64 x 64 bytes in a ``CPT_PASS1_MMA=1`` measurement build of gemm_rzacc_pre."""
+    64 x 64 bytes in a ``CPT_PASS1_MMA=1`` measurement build of gemm_rzacc_pre (and the
+    measurement builds' own: CPT_EPROD, CPT_STAGE_PASS1=0, CPT_PIPE2)."""
+    if module == RZACC_PRE and _defines(defines, PIPE2_DEFINE):
+        return PIPE2_SMEM
     if module == RZACC_PRE and _eprod(defines):
         return EPROD_SMEM
     if module == RZACC_PRE and not _stage_pass1(defines):
