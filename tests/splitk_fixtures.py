@@ -1,8 +1,20 @@
-"""Shared by the split-K tests: a made-up heuristic, a small plan and the split bound written out."""
+"""Shared by the split-K tests: a made-up heuristic, a small plan, the split bound written out, and a
+profile whose complete table holds only part of its plan."""
+
+import atexit
+import functools
+import json
+import os
+import shutil
+import tarfile
+import tempfile
 
 import numpy as np
 
+import cpemu
 from cpemu.recording import splitk_enum as se
+
+_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "h200-splitk")
 
 
 def fake_answer(M, N, K, c):
@@ -32,9 +44,30 @@ def tail_cut(K, s):
     return s >= 17 and K % 32 == 16 and K > 16 and (K - 16) % (128 * s) == 0
 
 
-#: a split-region shape that the complete record reaches last (it asks M ascending, then N), so
-#: the shipped tables do not answer it: cpemu refuses it as unrecorded
-UNRECORDED = (4000, 16, 5184)
+#: a split-region shape of the complete record's plan (the shipped table answers it: 2 slices for
+#: e4m3 x e4m3, bf16 out, fast accumulation) that :func:`partial_profile`'s table does not hold
+UNRECORDED = (1, 1536, 7168)
+
+
+@functools.lru_cache(maxsize=None)
+def partial_profile():
+    """The shipped hopper-h200-torch profile with a complete table merged from the part files of
+    ``complete/rec.txz`` only (149 pairs, all with M >= 3968): every other pair of the plan is in the
+    table's plan and not recorded, as in a record that has not finished, so the profile refuses
+    such a shape (``UNRECORDED``) as unrecorded."""
+    d = tempfile.mkdtemp(prefix="cpemu-partial-")
+    atexit.register(shutil.rmtree, d, True)
+    with tarfile.open(os.path.join(_DATA, "complete", "rec.txz")) as t:
+        t.extractall(d, filter="data")
+    se.merge(os.path.join(d, "rec"), os.path.join(d, "partial.npz"))
+    shipped = cpemu.get_profile("hopper-h200-torch")
+    shutil.copy(os.path.join(os.path.dirname(cpemu.__file__), "profile_data", "hopper-h200-torch.splitk.json"), d)
+    data = json.loads(json.dumps(shipped.data))
+    data["modes"]["tensorwise"]["split_k"]["params"]["complete_file"] = "partial.npz"
+    path = os.path.join(d, "hopper-h200-torch.json")
+    with open(path, "w") as f:
+        json.dump(data, f)
+    return cpemu.get_profile(path)
 
 
 def bound_u(bound, M, N, K):

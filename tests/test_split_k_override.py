@@ -12,7 +12,7 @@ import pytest
 import cpemu
 from cpemu.cases import Case
 from cpemu.truth import _inputs_for_gemm, sha256_arrays
-from splitk_fixtures import UNRECORDED
+from splitk_fixtures import UNRECORDED, partial_profile
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "h200")
 CASES = sorted((r for r in json.load(open(os.path.join(DATA, "manifest.json")))["cases"]
@@ -41,13 +41,21 @@ def test_another_stated_split_changes_the_bits():
 
 
 def test_stated_split_answers_an_unrecorded_shape():
+    """A profile whose table does not hold the shape refuses it; stated, the split count the shipped
+    table records (2) gives the shipped profile's bits, and another count other bits."""
     M, N, K = UNRECORDED
-    a = np.zeros((M, K), np.float32).astype(cpemu.formats.FP8_FORMATS["e4m3"].np_dtype)
-    b = np.zeros((K, N), np.float32).astype(cpemu.formats.FP8_FORMATS["e4m3"].np_dtype)
+    rng = np.random.default_rng(5)
+    f8 = cpemu.formats.FP8_FORMATS["e4m3"].np_dtype
+    a = rng.normal(0, 1, (M, K)).astype(np.float32).astype(f8)
+    b = rng.normal(0, 1, (K, N)).astype(np.float32).astype(f8)
     with pytest.raises(cpemu.UnsupportedShape) as e:
-        cpemu.gemm(a, b, backend="reference")
+        cpemu.gemm(a, b, backend="reference", profile=partial_profile())
     assert e.value.reason == "unrecorded"
-    assert cpemu.gemm(a, b, backend="reference", split_k=2).shape == (M, N)
+    shipped = cpemu.gemm(a, b, backend="reference")
+    stated = cpemu.gemm(a, b, backend="reference", profile=partial_profile(), split_k=2)
+    other = cpemu.gemm(a, b, backend="reference", profile=partial_profile(), split_k=3)
+    assert stated.view(np.uint16).tobytes() == shipped.view(np.uint16).tobytes()
+    assert other.view(np.uint16).tobytes() != shipped.view(np.uint16).tobytes()
 
 
 @pytest.mark.parametrize("bad", [0, 42, 2.0, True, "2"])

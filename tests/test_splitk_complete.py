@@ -20,7 +20,7 @@ import cpemu
 from cpemu.recording import splitk_enum as se
 from splitk_fixtures import bound_u as _u  # noqa: E402
 from splitk_fixtures import checked_split as _checked  # noqa: E402
-from splitk_fixtures import UNRECORDED, fake_answer as _fake, small_plan as _small_plan, tail_cut  # noqa: E402
+from splitk_fixtures import UNRECORDED, partial_profile, fake_answer as _fake, small_plan as _small_plan, tail_cut  # noqa: E402
 from cpemu.recording.splitk_rule import law_counts, rows_of
 from cpemu.schedule import UnsupportedShape
 from cpemu.splitk import SplitKRule, combo_key, no_algorithm, split_bound
@@ -119,9 +119,9 @@ def repeat(tmp_path_factory):
 
 
 #: the pairs of the shipped complete table (tests/data/h200-splitk/complete/README.md)
-RECORD_PAIRS = 65171
+RECORD_PAIRS = 65320
 #: the pairs of the part files in rec.txz (the runs since the table was last cut from its record)
-ARCHIVE_PAIRS = 3258
+ARCHIVE_PAIRS = 149
 #: the pairs of repeat.txz: pairs of record runs 37 and 38 (whose part files were not kept) asked
 #: again by a later run, in other processes after a fresh start of the machine
 REPEAT_PAIRS = 134
@@ -167,6 +167,16 @@ def test_complete_table_is_the_record(record):
     recorded configuration; the record holds RECORD_PAIRS pairs of 67,968 answers."""
     pairs, table = _pairs_decode_to_the_record(record)
     assert pairs == ARCHIVE_PAIRS and len(table.pairs) == RECORD_PAIRS
+
+
+def test_complete_table_holds_every_pair_of_its_plan():
+    """The record is finished: the shipped table holds exactly the open pairs of the default plan
+    (every (M, N) with N <= 65536 whose workspace bound lets K split), each at every K of the grid."""
+    table = load_complete(PARAMS["complete_file"])
+    want = np.array(sorted((M << 20) | N for M, N in se.open_pairs(se.default_plan())), np.int64)
+    assert len(want) == RECORD_PAIRS
+    assert (np.sort(table.pairs.astype(np.int64)) == want).all()
+    assert table.meta["nk"] == len(se.k_grid(se.default_plan())) == 3776
 
 
 def test_repeated_pairs_give_the_table_answers(record, repeat):
@@ -228,9 +238,10 @@ def test_domain_edges():
         for scaling in ("tensorwise", "rowwise"):
             with pytest.raises(UnsupportedShape, match=f"{ax}={bad['MNK'.index(ax)]} is outside the range"):
                 p.plan(*bad, True, scaling)
-    with pytest.raises(UnsupportedShape, match=r"up to 2 slices fit the K and workspace bounds.*not in the "
+    assert p.plan(4000, 16, 65536, True).splits == 2  # open (u = 2), among the last pairs recorded
+    with pytest.raises(UnsupportedShape, match=r"up to 25 slices fit the K and workspace bounds.*not in the "
                                                r"profile's recorded tables"):
-        p.plan(4000, 16, 65536, True)  # open (u = 2), M = 4000 not recorded yet
+        partial_profile().plan(2, 1536, 65536, True)  # open, in the plan, not in that table
     with pytest.raises(UnsupportedShape, match=r"not in the profile's recorded tables \(the complete table's plan "
                                                r"holds N <= 65536 and K <= 65536 only\)") as e:
         p.plan(1, 16, 65552, True)  # K beyond the complete record's grid
@@ -238,8 +249,8 @@ def test_domain_edges():
     with pytest.raises(UnsupportedShape, match=r"plan holds N <= 65536 and K <= 65536 only"):
         p.plan(1, 65552, 6144, True)  # N beyond it
     with pytest.raises(UnsupportedShape) as e:
-        p.plan(4000, 16, 65536, True)
-    assert "plan holds" not in str(e.value) and e.value.reason == "unrecorded"  # inside the plan: only not recorded yet
+        partial_profile().plan(2, 1536, 65536, True)
+    assert "plan holds" not in str(e.value) and e.value.reason == "unrecorded"  # inside the plan: only not recorded
 
 
 
@@ -562,7 +573,7 @@ def test_enumerator_k_law(tmp_path):
 
 
 #: pairs of the complete record asked at every K (before the K law, and its checked pairs)
-K_LAW_EVIDENCE_PAIRS = 4620
+K_LAW_EVIDENCE_PAIRS = 4626
 
 
 def test_k_law_holds_on_the_recorded_answers():
@@ -600,7 +611,7 @@ def test_k_law_holds_on_the_recorded_answers():
 
 def test_bound_holds_on_every_answer_of_the_complete_table():
     """The split bound u on every answer the shipped complete table holds: every recorded pair, every
-    combination, every K of the grid (65,171 x 18 x 3,776 answers): none splits into more than u.
+    combination, every K of the grid (65,320 x 18 x 3,776 answers): none splits into more than u.
 
     Read from the stored runs: a stored slot is one alignment class of one 128-wide K block, and the
     K bound is the same for every K of a block (2560 is 20 blocks), so a run's smallest bound is the
@@ -631,7 +642,7 @@ def test_bound_holds_on_every_answer_of_the_complete_table():
         stored = (cfg != SAME) & (cfg != NONE)
         over += int((splits[np.where(stored, cfg, 0)] > u)[stored].sum())
     assert over == 0
-    assert answers == RECORD_PAIRS * 18 * nk == 4429542528
+    assert answers == RECORD_PAIRS * 18 * nk == 4439669760
 
 
 def test_k_law_storage_order():
@@ -700,12 +711,12 @@ def test_enumerator_continues_a_table(tmp_path):
 
 def test_refusals_name_their_reason():
     """Each refusal of the split-K rule carries the rule that made it (UnsupportedShape.reason)."""
-    def why(*args, **kw):
+    def why(*args, profile=PROFILE, **kw):
         with pytest.raises(UnsupportedShape) as e:
-            PROFILE.call(*args, **kw)
+            profile.call(*args, **kw)
         return e.value.reason
 
-    assert why(*UNRECORDED) == "unrecorded"
+    assert why(*UNRECORDED, profile=partial_profile()) == "unrecorded"
     assert why(200000, 16, 16) == "outside-domain"
     assert why(10, 656, 7856, scaling="rowwise", fast_accum=True, bias_dtype="bfloat16") == "no-algorithm"  # N < 8192
     assert why(10, 8192, 7856, scaling="rowwise", fast_accum=True, bias_dtype="bfloat16") == "maybe-no-algorithm"

@@ -9,7 +9,7 @@ import numpy as np
 import cpemu
 from cpemu.splitk import split_bound
 from cpemu.splitk_complete import lookup
-from splitk_fixtures import UNRECORDED
+from splitk_fixtures import UNRECORDED, partial_profile
 
 HERE = os.path.dirname(__file__)
 _spec = importlib.util.spec_from_file_location("cpemu_tools_splitk_heldout", os.path.join(HERE, "..", "tools", "splitk_heldout.py"))
@@ -47,7 +47,7 @@ def test_judge():
     assert s >= 2 and hd.judge(PROFILE, M, N, K, c, _answer(s)) == ("agree", None)
     assert hd.judge(PROFILE, M, N, K, c, _answer(s + 1))[0] == "disagree"
     # an unrecorded split pair is refused, named
-    assert hd.judge(PROFILE, *UNRECORDED, c, _answer(2)) == ("refused", "unrecorded")
+    assert hd.judge(partial_profile(), *UNRECORDED, c, _answer(2)) == ("refused", "unrecorded")
     # where the tail rule cuts K, 22 slices of K - 16 (the ceil slicing of all of K would give 21)
     c2 = dict(c, a_dtype="e5m2", out_dtype="float32")
     assert lookup(PARAMS["complete_file"], None, 1, 1040, 56336, "e5m2,e4m3,float32,fast")["splitk_num"] == 22
@@ -85,7 +85,10 @@ def test_refusals_count_without_the_heuristic():
     cs = hd.combos("all")
     j = next(i for i, c in enumerate(cs) if (c["a_dtype"], c["b_dtype"], c["out_dtype"], c["fast_accum"], c["bias"],
                                               c["scale_mode"]) == ("e4m3", "e4m3", "bfloat16", True, False, "tensorwise"))
-    res = hd.refusals([(64, 4096, 4096, j), (1, 1536, 7168, j), (*UNRECORDED, j)], PROFILE)
+    res = hd.refusals([(64, 4096, 4096, j), (1, 1536, 7168, j), (4000, 16, 5184, j)], PROFILE)
+    assert res["counts"] == {"unsplit": {"answered": 1}, "split": {"answered": 2}} and res["unrecorded"] == {}
+    # a table that holds only part of its plan (a record not finished)
+    res = hd.refusals([(64, 4096, 4096, j), (4000, 16, 5184, j), (*UNRECORDED, j)], partial_profile())
     assert res["counts"] == {"unsplit": {"answered": 1}, "split": {"answered": 1, "refused:unrecorded": 1}}
     assert res["unrecorded"] == {"in a plan": 1} and res["outside_domain"] == {}
     # beyond the shipped table's plan (N and K up to 65536), by axis
@@ -101,3 +104,24 @@ def test_refusals_count_without_the_heuristic():
     beyond = sum(1 for M, N, K, i in items if split_bound(PARAMS["bound"], M, N, K) >= 2 and max(N, K) > 65536
                  and cs[i]["scale_mode"] == "tensorwise")
     assert sum(res["outside_domain"].values()) == res["total"].get("refused:outside-domain", 0) == beyond > 0
+
+
+def test_the_recorded_held_out_check_of_the_complete_table():
+    """The 200,000-shape held-out check asked of the heuristic (an H100 reporting the H200's device
+    attributes, tools/as_h200.sh) with the finished complete table: 0 disagree; every shape is counted
+    once; the refused ones are the split region beyond N, K = 65536 (outside-domain) and rowwise bias
+    with fast accumulation where N >= 8192 (maybe-no-algorithm), and the shipped profile still refuses
+    each refused sample for its recorded reason."""
+    import json
+
+    r = json.load(open(os.path.join(HERE, "data", "h100-splitk", "as-h200", "heldout-seed11-complete.json")))
+    assert r["shapes"] == 200000 and r["seed"] == 11 and r["disagreements"] == []
+    assert r["total"] == {"agree": 190849, "refused:outside-domain": 8763, "refused:maybe-no-algorithm": 388}
+    assert sum(r["total"].values()) == 200000 and r["runtime"]["device_name"] == "NVIDIA H200"
+    assert r["counts"]["unsplit"] == {"agree": 121062}
+    keys = ("a_dtype", "b_dtype", "out_dtype", "fast_accum", "bias", "scale_mode")
+    for s in r["refused_sample"]:
+        verdict, detail = hd.judge(PROFILE, s["M"], s["N"], s["K"], {k: s[k] for k in keys}, _answer(1))
+        assert (verdict, detail) == ("refused", s["detail"]), s
+        rowbias = s["scale_mode"] == "rowwise" and s["bias"] and s["fast_accum"] and s["N"] >= 8192
+        assert rowbias if s["detail"] == "maybe-no-algorithm" else max(s["N"], s["K"]) > 65536, s

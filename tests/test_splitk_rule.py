@@ -18,7 +18,7 @@ from cpemu.schedule import UnsupportedShape
 from cpemu.splitk import split_bound
 
 from cpemu.recording.splitk_rule import rows_of
-from splitk_fixtures import UNRECORDED
+from splitk_fixtures import UNRECORDED, partial_profile
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "h200-splitk")
 FILES = sorted(glob.glob(os.path.join(DATA, "*.json.gz")))
@@ -67,7 +67,8 @@ def test_held_out_predicates():
 
 def test_unrecorded_split_region_is_refused():
     with pytest.raises(UnsupportedShape, match="not in the profile's recorded table"):
-        PROFILE.plan(*UNRECORDED, True)  # a pair the record has not reached
+        partial_profile().plan(*UNRECORDED, True)  # a pair of the plan that its table does not hold
+    assert PROFILE.plan(*UNRECORDED, True).splits == 2  # the shipped table holds every pair of its plan
     with pytest.raises(UnsupportedShape, match="outside the range"):
         PROFILE.plan(16, 64, 131088, True)
     assert PROFILE.plan(16, 24576, 8192, True).splits == 1  # Evo 2 40B projection

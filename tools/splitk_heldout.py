@@ -103,7 +103,7 @@ def plan_ranges(profile) -> list[tuple[int, int, int, int]]:
     from cpemu.splitk_complete import load_complete
 
     par = profile.data["modes"]["tensorwise"]["split_k"]["params"]
-    return [table_range(load_complete(name).meta) for name in complete_names(par)]
+    return [table_range(load_complete(name, profile.base_dir).meta) for name in complete_names(par)]
 
 
 def where_unrecorded(ranges, N: int, K: int) -> str:
