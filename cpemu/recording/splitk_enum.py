@@ -38,6 +38,12 @@ against it).
 worker (it has no newline), is dropped; any other line that is not one the workers write, and a
 pair outside the plan, is refused (:class:`click.ClickException` naming the file and the line).
 
+Sentinels (:data:`SENTINEL_EVERY_S`, :func:`sentinels_for`): each worker asks a few recorded answers
+again before its first pair, about once a minute and before it stops. Where one is answered otherwise
+the worker drops the pairs it wrote since its last passing check, writes a ``sentinel`` line and stops
+(``status`` counts them; a later run on a sound host fills the gap). A first rowwise-bias record went
+wrong part-way through on one host, with no error (``tests/data/h200-splitk/rowbias/README.md``).
+
 The fast-accumulation law (``run --fast-law``, the default of that command; measured on the H200,
 so :func:`run_parallel` and ``cpemu record`` leave it off unless asked): for M <= :data:`FAST_LAW_M_MAX` fast
 accumulation changed no answer of the split region in any measurement (see
@@ -93,9 +99,19 @@ K_LAW_ALIGN_CAP = 64
 #: of the pairs the K law decides, every this many-th is asked at every K and compared
 K_LAW_CHECK_EVERY = 16
 
+#: Sentinels: recorded answers a worker asks again before its first pair, then whenever this many seconds
+#: have passed since its last check (between pairs), and once more before it stops. A different answer means
+#: the host no longer answers as it did when they were recorded: the worker drops the pairs it wrote since its
+#: last passing check, writes a ``sentinel`` line and stops. (A first rowwise-bias record went wrong this way,
+#: part-way through, on one host: tests/data/h200-splitk/rowbias/README.md.)
+SENTINEL_EVERY_S = 60.0
+#: the recorded sentinels (package data): answers of the H200, used where the querier's runtime has the
+#: file's device name and cuBLASLt version; elsewhere a worker's first answers to the same questions serve
+SENTINEL_FILE = "sentinels-h200.json"
+
 __all__ = ["PLAN_OPTIONS", "FAST_LAW_M_MAX", "FAST_LAW_CHECK_EVERY", "K_LAW_BLOCK", "K_LAW_ALIGN_CAP",
            "K_LAW_CHECK_EVERY", "k_law_rep", "default_plan", "load_plan", "open_pairs", "pair_order", "k_grid",
-           "plan_combos", "run_worker", "read_part",
+           "plan_combos", "run_worker", "read_part", "SENTINEL_EVERY_S", "sentinels_for",
            "merge", "status"]
 
 
@@ -266,6 +282,8 @@ def read_part(path: str, plan: dict | None = None) -> tuple[dict, dict]:
             configs[len(configs)] = _config_line(d, len(configs), path, n)
         elif "violation" in d:
             _violation_line(d, plan, path, n)
+        elif "sentinel" in d:
+            _sentinel_line(d, path, n)
         else:
             mn = _pair_line(d, len(configs), plan, path, n)
             done[mn] = d["runs"]
@@ -407,6 +425,56 @@ def _violation_line(d: dict, plan: dict | None, path: str, n: int) -> dict:
     return v
 
 
+def _sentinel_line(d: dict, path: str, n: int) -> dict:
+    """The checked ``sentinel`` field of a sentinel line (a worker's check that failed)."""
+    v = d["sentinel"]
+    if set(d) != {"sentinel"} or not isinstance(v, dict) or not all(_is_int(v.get(k)) for k in ("M", "N", "K", "combo")):
+        raise _bad(path, n, f"a sentinel line holds one field, sentinel, an object with integers M, N, K and combo "
+                            f"(got {d!r:.200})")
+    return v
+
+
+def sentinels_for(plan: dict, runtime: dict | None) -> list[dict]:
+    """The questions a worker checks its host with: {M, N, K, combo, answer} (answer: the configuration
+    fields, or None for no algorithm). The recorded answers of :data:`SENTINEL_FILE` for the plan's
+    options where ``runtime`` (the querier's ``info()``) has its device name and cuBLASLt version;
+    elsewhere the same questions without answers (a worker's first answers serve)."""
+    from importlib import resources
+
+    doc = json.loads(resources.files(__package__).joinpath(SENTINEL_FILE).read_text())
+    if doc["fields"] != list(CONFIG_FIELDS):
+        raise ValueError(f"{SENTINEL_FILE}: fields {doc['fields']} are not {list(CONFIG_FIELDS)}")
+    options = plan.get("options", "tensorwise")
+    if plan["combos"] != plan_combos(options):
+        return []
+    same = runtime is not None and all(runtime.get(k) == doc["runtime"][k] for k in ("device_name", "cublaslt_version"))
+    return [dict(q) if same else {k: q[k] for k in ("M", "N", "K", "combo")} for q in doc["sets"].get(options, [])]
+
+
+def _sentinel_check(ask, plan: dict, sentinels: list[dict]) -> dict | None:
+    """None where every sentinel gets its answer (one without an answer learns it now), else the first
+    that does not: {M, N, K, combo, want, got}."""
+    for q in sentinels:
+        a = ask(q["M"], q["N"], q["K"], plan["combos"][q["combo"]])
+        got = None if a is None else [int(v) for v in a[:len(CONFIG_FIELDS)]]
+        if "answer" not in q:
+            q["answer"] = got
+        elif got != q["answer"]:
+            return {k: q[k] for k in ("M", "N", "K", "combo")} | {"want": q["answer"], "got": got}
+    return None
+
+
+def sentinel_failures(rec: str) -> list[dict]:
+    """The sentinel lines of ``rec``'s part files (checks that failed; the pairs since the worker's last
+    passing check were dropped before each was written)."""
+    out = []
+    for path in _parts(rec):
+        for n, line in _lines(path):
+            if '"sentinel"' in line:
+                out.append(_sentinel_line(_json_line(path, n, line), path, n))
+    return out
+
+
 def _open_pair(plan: dict, M: int, N: int) -> bool:
     """Whether (M, N) is one of :func:`open_pairs` (the split bound falls as M grows)."""
     return (M >= 1 and N % 16 == 0 and plan_n_min(plan) <= N <= plan["n_max"]
@@ -488,12 +556,16 @@ def _k_law_check_pair(M: int, N: int) -> bool:
 
 
 def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max_pairs: int | None = None,
-               first_n=(), fast_law: bool = False, k_law: bool = False, skip=frozenset()) -> int:
+               first_n=(), fast_law: bool = False, k_law: bool = False, skip=frozenset(),
+               sentinels: list[dict] | None = None, sentinel_every: float = SENTINEL_EVERY_S) -> int:
     """Worker ``w`` of ``W``: ask ``ask(M, N, K, combo) -> FIELDS tuple | None`` for the pairs
     ``w, w + W, ...`` of :func:`pair_order` that no part file holds yet, appending each finished
     pair to its own file; stops at ``deadline`` (time.time()) or after ``max_pairs``. Returns the
     pairs finished. ``fast_law``, ``k_law``: use the fast-accumulation law, the K law (module docstring).
-    ``skip``: pairs an earlier table holds (not asked again)."""
+    ``skip``: pairs an earlier table holds (not asked again). ``sentinels`` (:func:`sentinels_for`): asked
+    before the first pair, every ``sentinel_every`` seconds and before the worker stops; where one
+    answers otherwise, the pairs written since the last passing check are dropped, a ``sentinel`` line
+    says which question failed, and the worker stops (the pairs it kept count)."""
     plan = load_plan(rec)
     path = _part_path(rec, w, W)
     configs, done = read_part(path, plan)
@@ -512,6 +584,26 @@ def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max
     reps = [k_law_rep(K) for K in ks]
     n = 0
     with open(path, "a") as out:
+        good = (out.tell(), 0)  # the file's size and the pairs written at the last passing check
+        last = time.time()
+
+        def failed() -> bool:
+            """Checks the sentinels; where one fails, drops what was written since the last pass."""
+            nonlocal good, last
+            if not sentinels:
+                return False
+            bad = _sentinel_check(ask, plan, sentinels)
+            out.flush()
+            if bad is None:
+                good, last = (out.tell(), n), time.time()
+                return False
+            out.truncate(good[0])
+            out.write(json.dumps({"sentinel": bad | {"dropped_pairs": n - good[1]}}) + "\n")
+            out.flush()
+            return True
+
+        if failed():
+            return 0
 
         def answer(M, N, K, c):
             a = ask(M, N, K, c)
@@ -564,6 +656,10 @@ def run_worker(rec: str, w: int, W: int, ask, deadline: float | None = None, max
             out.write(json.dumps(line, separators=(",", ":")) + "\n")
             out.flush()
             n += 1
+            if sentinels and time.time() - last >= sentinel_every and failed():
+                return good[1]
+        if n > good[1] and failed():
+            return good[1]
     return n
 
 
@@ -596,7 +692,7 @@ def status(rec: str) -> dict:
     per_pair = len(k_grid(plan)) * len(plan["combos"])
     return {"pairs_total": total, "pairs_done": done, "queries_per_pair": per_pair,
             "queries_total": total * per_pair, "answers_done": done * per_pair, "fast_law": _law_counts(rec),
-            "k_law": _law_counts(rec, "k")}
+            "k_law": _law_counts(rec, "k"), "sentinel_failures": len(sentinel_failures(rec))}
 
 
 def _law_counts(rec: str, law: str = "fast") -> dict:
@@ -804,7 +900,7 @@ def _gpu_worker(args):
     skip = frozenset() if old is None else frozenset((k >> 20, k & 0xFFFFF) for k in old.pairs[trusted(old)].tolist())
     q = LeanQuerier(ws)
     return run_worker(rec, w, W, q.ask, deadline, first_n=first_n, fast_law=fast_law and not _base_violated(old, "fast"),
-                      k_law=k_law and not _base_violated(old, "k"), skip=skip)
+                      k_law=k_law and not _base_violated(old, "k"), skip=skip, sentinels=sentinels_for(load_plan(rec), q.info()))
 
 
 def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_bytes: int | None = None, echo=print,
@@ -836,6 +932,9 @@ def run_parallel(rec: str, plan: dict, jobs: int, seconds: float, workspace_byte
         st["pairs_in_table"] = len(old.pairs)
     echo(f"[splitk-enum] {n} pairs in {time.time() - t0:.0f}s; {st['pairs_done']} in the part files"
          + (f" and {len(old.pairs)} in the table" if old is not None else "") + f", of {st['pairs_total']}")
+    if st["sentinel_failures"]:
+        echo(f"[splitk-enum] {st['sentinel_failures']} sentinel check(s) failed: this host stopped answering as the "
+             f"sentinels were recorded (their pairs were dropped); see the sentinel lines of the part files")
     return st
 
 
