@@ -89,41 +89,46 @@ __device__ __forceinline__ void cpt_rzacc_end(const float (&X)[CPT_TM][CPT_TN], 
         }
 }
 
+// The products of the 4 K elements K4 .. K4 + 3 of the stage's chunk for the thread's outputs: 4 FMA.RZ
+// per output into X, and the count of products to move up by one unit into cnt (T4 holds T in every
+// byte). One text for cpt_sum_rzacc's loop and CPT_PIPE2's cpt_rzacc_group: a macro, not a call, so the
+// shipped build's code (and its register allocation) is what the loop spelled out gives. Needs sh, ty,
+// tx, X, T4 and cnt in scope. CPT_PROBE_SKIP & 2 leaves the count out, & 4 leaves out its sign LOP3.
+#if CPT_PROBE_SKIP & 2
+#define CPT_RZACC_COUNT(i, j)
+#elif CPT_PROBE_SKIP & 4  // the count's inner cost with signs folded into the bytes (docs/design-notes.md)
+#define CPT_RZACC_COUNT(i, j) \
+    cnt[i][j] = (cpt_u32)__dp4a((int)(la[i] + lb[j] + T4[i][j]), 0x01010101, (int)cnt[i][j]);
+#else
+#define CPT_RZACC_COUNT(i, j) \
+    cnt[i][j] = __dp4a((la[i] + lb[j] + T4[i][j]) & (sa[i] ^ sb[j]), 0x01010101u, cnt[i][j]);
+#endif
+#define CPT_RZACC_GROUP(K4)                                                                                  \
+    {                                                                                                         \
+        float va[4][CPT_TM], vb[4][CPT_TN];                                                                   \
+        cpt_u32 la[CPT_TM], lb[CPT_TN], sa[CPT_TM], sb[CPT_TN];                                               \
+        _Pragma("unroll") for (int h = 0; h < 4; ++h) {                                                       \
+            cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.a.v[(K4) + h][ty * CPT_TM]),                 \
+                           reinterpret_cast<cpt_u32(&)[CPT_TM]>(va[h]));                                      \
+            cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.b.v[(K4) + h][tx * CPT_TN]),                 \
+                           reinterpret_cast<cpt_u32(&)[CPT_TN]>(vb[h]));                                      \
+        }                                                                                                     \
+        cpt_load_words(&sh.a.lam[(K4) / 4][ty * CPT_TM], la);                                                 \
+        cpt_load_words(&sh.b.lam[(K4) / 4][tx * CPT_TN], lb);                                                 \
+        cpt_load_words(&sh.a.sg[(K4) / 4][ty * CPT_TM], sa);                                                  \
+        cpt_load_words(&sh.b.sg[(K4) / 4][tx * CPT_TN], sb);                                                  \
+        _Pragma("unroll") for (int i = 0; i < CPT_TM; ++i)                                                    \
+        _Pragma("unroll") for (int j = 0; j < CPT_TN; ++j) {                                                  \
+            _Pragma("unroll") for (int h = 0; h < 4; ++h) X[i][j] = cpemu_fma_rz(va[h][i], vb[h][j], X[i][j]); \
+            CPT_RZACC_COUNT(i, j)                                                                             \
+        }                                                                                                     \
+    }
+
 #if CPT_PIPE2
-// The products of the 4 K elements k4 .. k4 + 3 of the stage's chunk for the thread's outputs: the
-// body of cpt_sum_rzacc's loop, the same operations in the same order (cpt_sum_rzacc keeps its
-// own copy: as a call there it changes the shipped build's register allocation, not its bits).
 __device__ __forceinline__ void cpt_rzacc_group(const CptStage& sh, int ty, int tx, int k4, float (&X)[CPT_TM][CPT_TN],
                                                 const cpt_u32 (&T4)[CPT_TM][CPT_TN],
                                                 cpt_u32 (&cnt)[CPT_TM][CPT_TN]) {
-    float va[4][CPT_TM], vb[4][CPT_TN];
-    cpt_u32 la[CPT_TM], lb[CPT_TN], sa[CPT_TM], sb[CPT_TN];
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-        cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.a.v[k4 + h][ty * CPT_TM]),
-                       reinterpret_cast<cpt_u32(&)[CPT_TM]>(va[h]));
-        cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.b.v[k4 + h][tx * CPT_TN]),
-                       reinterpret_cast<cpt_u32(&)[CPT_TN]>(vb[h]));
-    }
-    cpt_load_words(&sh.a.lam[k4 / 4][ty * CPT_TM], la);
-    cpt_load_words(&sh.b.lam[k4 / 4][tx * CPT_TN], lb);
-    cpt_load_words(&sh.a.sg[k4 / 4][ty * CPT_TM], sa);
-    cpt_load_words(&sh.b.sg[k4 / 4][tx * CPT_TN], sb);
-#pragma unroll
-    for (int i = 0; i < CPT_TM; ++i)
-#pragma unroll
-        for (int j = 0; j < CPT_TN; ++j) {
-#pragma unroll
-            for (int h = 0; h < 4; ++h) X[i][j] = cpemu_fma_rz(va[h][i], vb[h][j], X[i][j]);
-#if !(CPT_PROBE_SKIP & 2)
-            const cpt_u32 x = la[i] + lb[j] + T4[i][j];
-#if CPT_PROBE_SKIP & 4  // the count's inner cost with signs folded into the bytes (docs/design-notes.md): no LOP3
-            cnt[i][j] = (cpt_u32)__dp4a((int)x, 0x01010101, (int)cnt[i][j]);
-#else
-            cnt[i][j] = __dp4a(x & (sa[i] ^ sb[j]), 0x01010101u, cnt[i][j]);
-#endif
-#endif
-        }
+    CPT_RZACC_GROUP(k4)
 }
 #endif
 
@@ -136,36 +141,8 @@ __device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx
     cpt_u32 T4[CPT_TM][CPT_TN];  // T in every byte
     cpt_u32 cnt[CPT_TM][CPT_TN]; // 128 * the products to move up by one unit
     cpt_rzacc_begin(acc, em, F, lmin, X, T4, cnt);
-    CPT_STEP_LOOP(kk, klen, 4, CPT_UNROLL(KL > 0 ? KL / 4 : CPT_SUM_UNROLL)) {  // words of 4 codes; klen is a multiple of 8
-        float va[4][CPT_TM], vb[4][CPT_TN];
-        cpt_u32 la[CPT_TM], lb[CPT_TN], sa[CPT_TM], sb[CPT_TN];
-#pragma unroll
-        for (int h = 0; h < 4; ++h) {
-            cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.a.v[kofs + kk + h][ty * CPT_TM]),
-                           reinterpret_cast<cpt_u32(&)[CPT_TM]>(va[h]));
-            cpt_load_words(reinterpret_cast<const cpt_u32*>(&sh.b.v[kofs + kk + h][tx * CPT_TN]),
-                           reinterpret_cast<cpt_u32(&)[CPT_TN]>(vb[h]));
-        }
-        cpt_load_words(&sh.a.lam[(kofs + kk) / 4][ty * CPT_TM], la);
-        cpt_load_words(&sh.b.lam[(kofs + kk) / 4][tx * CPT_TN], lb);
-        cpt_load_words(&sh.a.sg[(kofs + kk) / 4][ty * CPT_TM], sa);
-        cpt_load_words(&sh.b.sg[(kofs + kk) / 4][tx * CPT_TN], sb);
-#pragma unroll
-        for (int i = 0; i < CPT_TM; ++i)
-#pragma unroll
-            for (int j = 0; j < CPT_TN; ++j) {
-#pragma unroll
-                for (int h = 0; h < 4; ++h) X[i][j] = cpemu_fma_rz(va[h][i], vb[h][j], X[i][j]);
-#if !(CPT_PROBE_SKIP & 2)
-                const cpt_u32 x = la[i] + lb[j] + T4[i][j];
-#if CPT_PROBE_SKIP & 4  // the count's inner cost with signs folded into the bytes (docs/design-notes.md): no LOP3
-                cnt[i][j] = (cpt_u32)__dp4a((int)x, 0x01010101, (int)cnt[i][j]);
-#else
-                cnt[i][j] = __dp4a(x & (sa[i] ^ sb[j]), 0x01010101u, cnt[i][j]);
-#endif
-#endif
-            }
-    }
+    CPT_STEP_LOOP(kk, klen, 4, CPT_UNROLL(KL > 0 ? KL / 4 : CPT_SUM_UNROLL))  // words of 4 codes; klen is a multiple of 8
+        CPT_RZACC_GROUP(kofs + kk)
     cpt_rzacc_end(X, cnt, em, F, rmask, out);
 }
 #else

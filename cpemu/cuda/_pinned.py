@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "3f8f163671bbafbf18307ce4b51814d0d5ea4e7c80d71b4225da77cdde119aaf"
+MANIFEST_SHA256 = "932bef2ebe2fc3171e45687653ef4373c006127f4568b516a610a153c317ef8e"
