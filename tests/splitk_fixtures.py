@@ -60,10 +60,10 @@ def partial_profile():
     with tarfile.open(os.path.join(_DATA, "complete", "rec.txz")) as t:
         t.extractall(d, filter="data")
     se.merge(os.path.join(d, "rec"), os.path.join(d, "partial.npz"))
-    shipped = cpemu.get_profile("hopper-h200-torch")
-    shutil.copy(os.path.join(os.path.dirname(cpemu.__file__), "profile_data", "hopper-h200-torch.splitk.json"), d)
-    data = json.loads(json.dumps(shipped.data))
-    data["modes"]["tensorwise"]["split_k"]["params"]["complete_file"] = "partial.npz"
+    data = json.loads(json.dumps(cpemu.get_profile("hopper-h200-torch").data))
+    params = data["modes"]["tensorwise"]["split_k"]["params"]
+    shutil.copy(os.path.join(os.path.dirname(cpemu.__file__), "profile_data", params["table_file"]), d)
+    params["complete_file"] = "partial.npz"
     path = os.path.join(d, "hopper-h200-torch.json")
     with open(path, "w") as f:
         json.dump(data, f)
