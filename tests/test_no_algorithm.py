@@ -12,6 +12,8 @@ import pytest
 
 import cpemu
 from cpemu import UnsupportedShape
+from cpemu.splitk import combo_key, complete_names
+from cpemu.splitk_complete import NONE, load_complete, pair_key
 
 H200 = cpemu.get_profile("hopper-h200-torch")
 LARGE = Path(__file__).parent / "data" / "h200-splitk" / "measured" / "large.npz"
@@ -245,3 +247,72 @@ def test_rowbias_record_against_the_profile():
             assert got == want and (cid < 0 or N >= 8192), ((M, N, K), c, got)
             seen[want] += 1
     assert seen["no-algorithm"] > 1000 and seen["maybe-no-algorithm" if not table else "answered"] > 1000
+
+
+def _rowbias_table():
+    na = H200.data["modes"]["rowwise"]["split_k"]["no_algorithm"]
+    names = complete_names(na)
+    if not names:
+        pytest.skip("the profile ships no rowwise-bias table (no_algorithm.complete_file)")
+    return load_complete(names[0])
+
+
+def _table_answers(t, M, N, key):
+    """The table's answers for (M, N) at every K of its grid, as configuration rows (None: no algorithm),
+    or None where the pair is not in it."""
+    p = int(np.searchsorted(t.pairs, pair_key(M, N)))
+    if p == len(t.pairs) or t.pairs[p] != pair_key(M, N):
+        return None
+    col = t.column(p, t.combo[key])
+    return [None if c == NONE else [int(v) for v in t.configs[c]] for c in col.tolist()]
+
+
+def test_rowbias_table_is_every_h200_answer_of_the_measured_pairs():
+    """The shipped rowwise-bias table against rowbias.npz (the H200's own answers, asked by splitk_measure in
+    fresh processes): every pair of its plan (8192 <= N <= 65536: 31 of the 48 with N >= 8192), every K, each of
+    the 6 combinations, every field."""
+    t = _rowbias_table()
+    d, combos, bias, _ = _rowbias()
+    fields = t.meta["fields"]
+    shapes, ids = d["shapes"].astype(int), d["ids"]
+    cols = [json.loads(str(d["meta"]))["fields"].index(f) for f in fields]
+    configs = d["configs"][:, cols].tolist()
+    ks = list(range(t.meta["k0"], t.meta["k0"] + t.meta["k_step"] * t.meta["nk"], t.meta["k_step"]))
+    checked = differ = 0
+    for M, N in sorted({(M, N) for M, N, _ in shapes.tolist() if 8192 <= N <= t.meta["n_max"]}):
+        rows = np.flatnonzero((shapes[:, 0] == M) & (shapes[:, 1] == N))
+        assert shapes[rows, 2].tolist() == ks, (M, N)
+        for j in bias:
+            c = combos[j]
+            got = _table_answers(t, M, N, combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], True))
+            assert got is not None, ((M, N), c)
+            want = [None if i < 0 else configs[i] for i in ids[rows, j].tolist()]
+            bad = [k for k, g, w in zip(ks, got, want) if g != w]
+            differ += len(bad)
+            assert not bad, f"(M={M}, N={N}) {c}: {len(bad)} K differ, first K={bad[0]}"
+            checked += len(ks)
+    assert checked == 31 * 6 * 3776 and differ == 0
+
+
+def test_rowbias_table_is_the_fresh_repeat(tmp_path):
+    """The shipped rowwise-bias table against fresh.txz (1,013 pairs asked on a fresh host by splitk_enum, the
+    widths of the measured pairs first): every answer of every pair."""
+    import tarfile
+    from cpemu.recording import splitk_enum as se
+    t = _rowbias_table()
+    with tarfile.open(LARGE.parent.parent / "rowbias" / "fresh.txz") as f:
+        f.extractall(tmp_path, filter="data")
+    plan = se.default_plan(n_min=8192, options="rowwise-bias")
+    keys = [combo_key(c["a_dtype"], c["b_dtype"], c["out_dtype"], True) for c in plan["combos"]]
+    fields = t.meta["fields"]
+    pairs = 0
+    for part in sorted((tmp_path / "fresh").glob("part-*.jsonl")):
+        local, done = se.read_part(str(part), plan)
+        for (M, N), runs in done.items():
+            for jc, r in enumerate(runs):
+                cid = np.repeat(r[1::2], np.diff([0] + r[0::2]))
+                want = [None if i < 0 else [int(local[i][se.CONFIG_FIELDS.index(f)]) for f in fields]
+                        for i in cid.tolist()]
+                assert _table_answers(t, M, N, keys[jc]) == want, ((M, N), keys[jc])
+            pairs += 1
+    assert pairs == 1013
