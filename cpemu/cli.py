@@ -431,9 +431,12 @@ def verify(truth_dir, profile_spec, backend, show, as_json, jobs):
 @click.option("--heldout", default=3000, show_default=True, help="Random held-out shapes per sample for the split-K check.")
 @click.option("--jobs", default=os.cpu_count() or 1, show_default=True,
               help="Processes for the final verification and the complete split-K record.")
-@click.option("--complete-splitk", "complete_seconds", type=float, default=None,
+@click.option("--complete-splitk", "complete_seconds", type=click.FloatRange(0, min_open=True), default=None,
               help="Also record the complete split-K table for this many seconds (a rerun continues it).")
-def record(out_dir, base_profile, name, suites, heldout, jobs, complete_seconds):
+@click.option("--complete-rowbias", "rowbias_seconds", type=click.FloatRange(0, min_open=True), default=None,
+              help="Also record, for this many seconds, where the heuristic has an algorithm for rowwise scales "
+                   "with bias and fast accumulation where K can split (a rerun continues it).")
+def record(out_dir, base_profile, name, suites, heldout, jobs, complete_seconds, rowbias_seconds):
     """Record this GPU's torch._scaled_mm numerics into a new profile and truth folder.
 
     Needs an NVIDIA GPU and torch. Writes OUT/profile/<name>.json (+ its split-K table),
@@ -465,7 +468,7 @@ def record(out_dir, base_profile, name, suites, heldout, jobs, complete_seconds)
     with _clean_errors():
         rep = run_record(out_dir, base_profile, name, tuple(suites) or SUITES, heldout,
                          echo=lambda m: click.echo(m, err=True), progress=progress, jobs=jobs,
-                         complete_seconds=complete_seconds)
+                         complete_seconds=complete_seconds, rowbias_seconds=rowbias_seconds)
     click.echo(f"profile {rep['profile']}: {rep['status']}; truth {rep['truth']['cases']} calls "
                f"({rep['truth']['rejected']} rejected by torch); split-K laws hold on "
                f"{sum(c['queries'] for c in rep['split_k_rule']['checks'].values())} heuristic answers")

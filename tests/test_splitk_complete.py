@@ -408,6 +408,66 @@ def test_record_writes_the_laws_into_a_profile(tmp_path):
     assert p.call(2, 14336, 4096, "e4m3", "e4m3", "bfloat16", "rowwise", True, "bfloat16").plan.splits
 
 
+def test_record_with_a_rowwise_bias_record_names_its_table(tmp_path, monkeypatch):
+    """cpemu record --complete-rowbias: the rowwise-bias record (here asked of a made-up heuristic on a small
+    plan, in place of the GPU) becomes a table of its own, which the new profile's no_algorithm section names
+    (not the tensorwise params); the profile then answers a recorded shape where that heuristic has an
+    algorithm, refuses it as no-algorithm where it has none, and refuses the region's other shapes as
+    maybe-no-algorithm."""
+    import gzip
+    import shutil
+
+    from cpemu.profile import Profile
+    from cpemu.recording import record as rc
+
+    plan = se.default_plan(n_max=64, k_max=6400, k_step=16, bound=_small_plan()["bound"], options="rowwise-bias")
+    asked = []
+
+    def fake_complete(raw, prof_dir, name, bound, seconds, jobs, prov, echo, options="tensorwise"):
+        asked.append((options, seconds))
+        rec = os.path.join(raw, "rowbias_complete")
+        se._start(rec, plan)
+        se.run_worker(rec, 0, 1, _fake)
+        se.merge(rec, os.path.join(prof_dir, f"{name}.rowbias-complete.npz"))
+        return f"{name}.rowbias-complete.npz"
+
+    monkeypatch.setattr(rc, "_complete_table", fake_complete)
+    raw, prof = tmp_path / "raw", tmp_path / "profile"
+    raw.mkdir()
+    prof.mkdir()
+    for src, dst in (("heur_truth", "splitk_grid"), ("heur_splitk2", "splitk_heldout"), ("splitk_evo2", "splitk_truth")):
+        with gzip.open(os.path.join(DATA, f"{src}.json.gz")) as f, open(raw / f"{dst}.json", "wb") as g:
+            shutil.copyfileobj(f, g)
+    name = "hopper-test-torch"
+    _, params = rc._split_k_tables(str(raw), str(prof), name, None, 1, {}, lambda *_: None, rowbias_seconds=5)
+    assert asked == [("rowwise-bias", 5)] and params["rowbias_file"] == f"{name}.rowbias-complete.npz"
+    data = json.loads(json.dumps(PROFILE.data))
+    data["name"] = name
+    rc._set_split_k(data, params, ("splitk2",))
+    assert "rowbias_file" not in data["modes"]["tensorwise"]["split_k"]["params"]
+    assert data["modes"]["rowwise"]["split_k"]["no_algorithm"]["complete_file"] == f"{name}.rowbias-complete.npz"
+    with open(prof / f"{name}.json", "w") as f:
+        json.dump(data, f)
+    p = Profile.from_file(str(prof / f"{name}.json"))
+    seen = {"answered": 0, "no-algorithm": 0}
+    for M, N in se.open_pairs(plan)[::3]:
+        for K in se.k_grid(plan)[::7]:
+            for c in plan["combos"]:
+                a, b, out = c["a_dtype"], c["b_dtype"], c["out_dtype"]
+                if _fake(M, N, K, c) is None:
+                    with pytest.raises(UnsupportedShape, match="no algorithm") as e:
+                        p.call(M, N, K, a, b, out, "rowwise", True, out)
+                    assert e.value.reason == "no-algorithm", (M, N, K, c)
+                    seen["no-algorithm"] += 1
+                else:
+                    assert p.call(M, N, K, a, b, out, "rowwise", True, out).plan.splits, (M, N, K, c)
+                    seen["answered"] += 1
+    assert seen["answered"] > 100 and seen["no-algorithm"] > 0, seen
+    with pytest.raises(UnsupportedShape) as e:  # in the region, beyond the record's plan
+        p.call(2, 14336, 8192, "e4m3", "e4m3", "bfloat16", "rowwise", True, "bfloat16")
+    assert e.value.reason == "maybe-no-algorithm"
+
+
 def _fake_fast_same(M, N, K, c):
     """_fake, with fast accumulation changing nothing."""
     return _fake(M, N, K, dict(c, fast_accum=True))

@@ -11,7 +11,10 @@ interrupted run resumes where it stopped):
    (``OUT/profile/<name>.splitk.json``);
 4b. with ``complete_seconds``: the complete record of those shapes (:mod:`.splitk_enum`, in
    ``OUT/raw/splitk_complete``, resumed by every rerun) and its table
-   (``OUT/profile/<name>.splitk-complete.npz``);
+   (``OUT/profile/<name>.splitk-complete.npz``); with ``rowbias_seconds``: the rowwise-bias record
+   (whether the heuristic has an algorithm for rowwise scales with bias and fast accumulation where K
+   can split; ``OUT/raw/rowbias_complete``, ``OUT/profile/<name>.rowbias-complete.npz``), which the
+   profile's ``no_algorithm.complete_file`` names;
 5. the truth folder with its manifest (``OUT/truth``);
 6. the profile (``OUT/profile/<name>.json``), starting from a base profile's instruction
    model and schedule; every recording is then checked with the emulator: when all match,
@@ -45,8 +48,10 @@ def _profile_name(prov: dict, base: Profile) -> str:
     return f"{base.data['arch']}-{dev or 'gpu'}-torch"
 
 
-def _split_k_tables(raw, prof_dir, name, complete_seconds, jobs, prov, echo) -> tuple[dict, dict]:
+def _split_k_tables(raw, prof_dir, name, complete_seconds, jobs, prov, echo,
+                    rowbias_seconds=None) -> tuple[dict, dict]:
     """Check the split-K laws on the recorded answers and write the tables; (report, profile params).
+    With ``rowbias_seconds`` the params hold ``rowbias_file`` too (the rowwise-bias table's name).
 
     The laws include "rowwise never splits": a GPU whose heuristic splits rowwise calls stops here."""
     from . import splitk_rule
@@ -60,6 +65,9 @@ def _split_k_tables(raw, prof_dir, name, complete_seconds, jobs, prov, echo) -> 
     params = {"bound": bound, "table_file": table_file}
     if complete_seconds:
         params["complete_file"] = _complete_table(raw, prof_dir, name, bound, complete_seconds, jobs, prov, echo)
+    if rowbias_seconds:
+        params["rowbias_file"] = _complete_table(raw, prof_dir, name, bound, rowbias_seconds, jobs, prov, echo,
+                                                 options="rowwise-bias")
     return rule, params
 
 
@@ -67,6 +75,8 @@ def _set_split_k(data: dict, params: dict, suites) -> None:
     """The new profile's split_k sections: the laws and tables for tensorwise, none for rowwise."""
     extra = sorted({(c.N, c.K) for s in suites for c in suite(s) if c.N > 16384 or c.K > 16384})
     domain = {"M": [1, 16384], "N": [16, 16384], "K": [16, 16384], "extra_NK": [list(nk) for nk in extra]}
+    params = dict(params)
+    rowbias_file = params.pop("rowbias_file", None)
     data["modes"]["tensorwise"]["split_k"] = {
         "kind": "rule", "granularity": 128, "domain": domain, "params": params,
         # the H200 leaves the end of K out there (hopper-h200-torch); not checked on this GPU, so refused
@@ -84,25 +94,34 @@ def _set_split_k(data: dict, params: dict, suites) -> None:
                              "source": "as the H200's heuristic (hopper-h200-torch): with rowwise scales, bias and "
                                        "fast accumulation it may have no algorithm where K can split; not recorded "
                                        "on this GPU, so refused"}}
+        if rowbias_file:
+            na = data["modes"]["rowwise"]["split_k"]["no_algorithm"]
+            na["complete_file"] = rowbias_file
+            na["source"] = ("cublasLtMatmulAlgoGetHeuristic as torch asks, outer-vector scales with bias and fast "
+                            "accumulation where K can split (cpemu record --complete-rowbias): a recorded shape is "
+                            "answered where the heuristic has an algorithm and refused as no-algorithm where it has "
+                            "none; the rest of the region is refused as maybe-no-algorithm")
 
 
-def _complete_table(raw, prof_dir, name, bound, seconds, jobs, prov, echo) -> str:
-    """Run (or continue) the complete split-K record for ``seconds``, then merge what is finished."""
+def _complete_table(raw, prof_dir, name, bound, seconds, jobs, prov, echo, options="tensorwise") -> str:
+    """Run (or continue) the complete split-K record (``options``: tensorwise, or rowwise-bias: the
+    rowwise-bias record, a table of its own) for ``seconds``, then merge what is finished."""
     from . import splitk_enum
 
-    rec = os.path.join(raw, "splitk_complete")
-    st = splitk_enum.run_parallel(rec, splitk_enum.default_plan(bound=bound), jobs, seconds,
+    stem = "splitk" if options == "tensorwise" else "rowbias"
+    rec = os.path.join(raw, f"{stem}_complete")
+    st = splitk_enum.run_parallel(rec, splitk_enum.default_plan(bound=bound, options=options), jobs, seconds,
                                   workspace_bytes=bound["workspace_bytes"], echo=echo)
-    complete_file = f"{name}.splitk-complete.npz"
+    complete_file = f"{name}.{stem}-complete.npz"
     sizes = splitk_enum.merge(rec, os.path.join(prof_dir, complete_file),
                               provenance={k: prov.get(k) for k in ("gpu", "driver", "torch", "cublaslt")})
-    echo(f"[record] complete split-K record: {st['pairs_done']}/{st['pairs_total']} (M, N) pairs; table {sizes}")
+    echo(f"[record] complete {'split-K' if stem == 'splitk' else 'rowwise-bias'} record: {st['pairs_done']}/{st['pairs_total']} (M, N) pairs; table {sizes}")
     return complete_file
 
 
 def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | None = None,
            suites=SUITES, heldout: int = 3000, grids=("wide", "dense-splitk"), echo=print, progress=None,
-           jobs: int = 1, complete_seconds: float | None = None) -> dict:
+           jobs: int = 1, complete_seconds: float | None = None, rowbias_seconds: float | None = None) -> dict:
     """Run every step; returns the report (also written to OUT/report.json)."""
     from . import splitk_table, truth_recorder
     from .import_truth import build_truth_folder
@@ -143,7 +162,7 @@ def record(out_dir: str, base_profile: str = "hopper-h200-torch", name: str | No
         _write_json(fpath, doc)
         echo(f"[record] {fname}: {len(doc['shapes'])} shapes x {len(doc['combos'])} option combinations")
 
-    rule, params = _split_k_tables(raw, prof_dir, name, complete_seconds, jobs, prov, echo)
+    rule, params = _split_k_tables(raw, prof_dir, name, complete_seconds, jobs, prov, echo, rowbias_seconds)
     truth_dir = os.path.join(out_dir, "truth")
     summary = build_truth_folder([raw_truth], [os.path.join(raw, "splitk_truth.json")], name, truth_dir)
 
