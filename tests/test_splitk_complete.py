@@ -366,14 +366,11 @@ def test_splitk_imports_no_schedule():
     assert schedule.UnsupportedShape is cpemu.UnsupportedShape is cpemu.splitk.UnsupportedShape
 
 
-def test_record_writes_the_laws_into_a_profile(tmp_path):
-    """cpemu record's split-K step (no GPU needed past the recorded answers): the laws checked, the
-    point table written, and the profile it builds answers as the recorded heuristic did."""
+def _record_folders(tmp_path):
+    """cpemu record's raw and profile folders, raw holding recorded heuristic answers as its split-K step reads
+    them (grid, held-out, truth shapes)."""
     import gzip
     import shutil
-
-    from cpemu.profile import Profile
-    from cpemu.recording.record import _set_split_k, _split_k_tables
 
     raw, prof = tmp_path / "raw", tmp_path / "profile"
     raw.mkdir()
@@ -381,6 +378,16 @@ def test_record_writes_the_laws_into_a_profile(tmp_path):
     for src, dst in (("heur_truth", "splitk_grid"), ("heur_splitk2", "splitk_heldout"), ("splitk_evo2", "splitk_truth")):
         with gzip.open(os.path.join(DATA, f"{src}.json.gz")) as f, open(raw / f"{dst}.json", "wb") as g:
             shutil.copyfileobj(f, g)
+    return raw, prof
+
+
+def test_record_writes_the_laws_into_a_profile(tmp_path):
+    """cpemu record's split-K step (no GPU needed past the recorded answers): the laws checked, the
+    point table written, and the profile it builds answers as the recorded heuristic did."""
+    from cpemu.profile import Profile
+    from cpemu.recording.record import _set_split_k, _split_k_tables
+
+    raw, prof = _record_folders(tmp_path)
     name = "hopper-test-torch"
     rule, params = _split_k_tables(str(raw), str(prof), name, None, 1, {}, lambda *_: None)
     assert params["bound"] == BOUND and sum(c["queries"] for c in rule["checks"].values()) == 68892
@@ -414,9 +421,6 @@ def test_record_with_a_rowwise_bias_record_names_its_table(tmp_path, monkeypatch
     (not the tensorwise params); the profile then answers a recorded shape where that heuristic has an
     algorithm, refuses it as no-algorithm where it has none, and refuses the region's other shapes as
     maybe-no-algorithm."""
-    import gzip
-    import shutil
-
     from cpemu.profile import Profile
     from cpemu.recording import record as rc
 
@@ -432,12 +436,7 @@ def test_record_with_a_rowwise_bias_record_names_its_table(tmp_path, monkeypatch
         return f"{name}.rowbias-complete.npz"
 
     monkeypatch.setattr(rc, "_complete_table", fake_complete)
-    raw, prof = tmp_path / "raw", tmp_path / "profile"
-    raw.mkdir()
-    prof.mkdir()
-    for src, dst in (("heur_truth", "splitk_grid"), ("heur_splitk2", "splitk_heldout"), ("splitk_evo2", "splitk_truth")):
-        with gzip.open(os.path.join(DATA, f"{src}.json.gz")) as f, open(raw / f"{dst}.json", "wb") as g:
-            shutil.copyfileobj(f, g)
+    raw, prof = _record_folders(tmp_path)
     name = "hopper-test-torch"
     _, params = rc._split_k_tables(str(raw), str(prof), name, None, 1, {}, lambda *_: None, rowbias_seconds=5)
     assert asked == [("rowwise-bias", 5)] and params["rowbias_file"] == f"{name}.rowbias-complete.npz"
