@@ -95,6 +95,12 @@ def column_runs(col: np.ndarray) -> np.ndarray:
     return np.stack((ends, col[np.concatenate(([0], change))]), 1).ravel()
 
 
+def expand_runs(runs) -> np.ndarray:
+    """The column of its runs [end, value, end, value, ...] (:func:`column_runs`, a part file's runs)."""
+    r = np.asarray(runs, np.int64)
+    return np.repeat(r[1::2], np.diff(np.concatenate(([0], r[0::2]))))
+
+
 #: per pair and law (``law_fast``, ``law_k``): how its answers were found
 MARK_ASKED, MARK_DERIVED, MARK_CHECKED = 0, 1, 2
 _MARK = {None: MARK_ASKED, "derived": MARK_DERIVED, "checked": MARK_CHECKED}
@@ -121,10 +127,10 @@ def write_table(path: str, meta: dict, pairs: dict, configs: list, marks: dict |
     def grid_cols(mn):  # the pair's columns along the grid (expanded one pair at a time: O(one pair) memory)
         cols = []
         for key in combos:
-            r = np.asarray(pairs[mn][key], np.int64)
+            r = pairs[mn][key]
             if r[-2] != meta["nk"]:
                 raise ValueError(f"write_table: the runs of {mn} {key} end at {r[-2]}, not at the grid's end")
-            cols.append(renumber[np.repeat(r[1::2], np.diff(np.concatenate(([0], r[0::2]))))])
+            cols.append(renumber[expand_runs(r)])
         return cols
 
     def runs(idx, first):  # per combination, each pair's runs; None if a column breaks the K law (idx)
@@ -188,6 +194,12 @@ class _Table:
         b = self.meta["base"][j]
         return col if b < 0 else np.where(col == SAME, self.column(p, b), col)
 
+    def pair_index(self, M: int, N: int) -> int | None:
+        """The index of (M, N) among the table's pairs (for :meth:`column`), or None where it holds none."""
+        k = pair_key(M, N)
+        p = int(np.searchsorted(self.pairs, k))
+        return p if p < len(self.pairs) and self.pairs[p] == k else None
+
     def config(self, M: int, N: int, K: int, key: str):
         """The configuration row for the call, ``"x"`` (no algorithm) or None (not recorded)."""
         m = self.meta
@@ -195,9 +207,8 @@ class _Table:
         i, r = divmod(K - m["k0"], m["k_step"])
         if j is None or r or not 0 <= i < m["nk"]:
             return None
-        k = pair_key(M, N)
-        p = int(np.searchsorted(self.pairs, k))
-        if p == len(self.pairs) or self.pairs[p] != k:
+        p = self.pair_index(M, N)
+        if p is None:
             return None
         if self.index is not None:
             i = int(self.index[i])

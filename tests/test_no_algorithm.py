@@ -13,7 +13,7 @@ import pytest
 import cpemu
 from cpemu import UnsupportedShape
 from cpemu.splitk import combo_key, complete_names
-from cpemu.splitk_complete import NONE, load_complete, pair_key
+from cpemu.splitk_complete import NONE, expand_runs, load_complete
 
 H200 = cpemu.get_profile("hopper-h200-torch")
 LARGE = Path(__file__).parent / "data" / "h200-splitk" / "measured" / "large.npz"
@@ -260,8 +260,8 @@ def _rowbias_table():
 def _table_answers(t, M, N, key):
     """The table's answers for (M, N) at every K of its grid, as configuration rows (None: no algorithm),
     or None where the pair is not in it."""
-    p = int(np.searchsorted(t.pairs, pair_key(M, N)))
-    if p == len(t.pairs) or t.pairs[p] != pair_key(M, N):
+    p = t.pair_index(M, N)
+    if p is None:
         return None
     col = t.column(p, t.combo[key])
     return [None if c == NONE else [int(v) for v in t.configs[c]] for c in col.tolist()]
@@ -310,9 +310,8 @@ def test_rowbias_table_is_the_fresh_repeat(tmp_path):
         local, done = se.read_part(str(part), plan)
         for (M, N), runs in done.items():
             for jc, r in enumerate(runs):
-                cid = np.repeat(r[1::2], np.diff([0] + r[0::2]))
                 want = [None if i < 0 else [int(local[i][se.CONFIG_FIELDS.index(f)]) for f in fields]
-                        for i in cid.tolist()]
+                        for i in expand_runs(r).tolist()]
                 assert _table_answers(t, M, N, keys[jc]) == want, ((M, N), keys[jc])
             pairs += 1
     assert pairs == 1013

@@ -11,6 +11,7 @@ import pytest
 
 from cpemu.recording import splitk_enum as se
 from cpemu.splitk import combo_key, lookup
+from cpemu.splitk_complete import expand_runs
 from splitk_fixtures import fake_answer, small_plan
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "h200-splitk")
@@ -145,7 +146,7 @@ def test_rowwise_bias_sentinels_are_the_h200s_answers_and_catch_the_rejected_rec
         for q in sent:
             runs, local = answers[(q["M"], q["N"])]
             r = runs[q["combo"]]
-            cid = np.repeat(r[1::2], np.diff([0] + r[0::2]))[ks.index(q["K"])]
+            cid = expand_runs(r)[ks.index(q["K"])]
             got = None if cid < 0 else list(local[cid])
             wrong[name] += got != q["answer"]
     assert wrong["fresh"] == 0 and wrong["record"] >= 9, wrong

@@ -115,7 +115,8 @@ def _complete_table(raw, prof_dir, name, bound, seconds, jobs, prov, echo, optio
     complete_file = f"{name}.{stem}-complete.npz"
     sizes = splitk_enum.merge(rec, os.path.join(prof_dir, complete_file),
                               provenance={k: prov.get(k) for k in ("gpu", "driver", "torch", "cublaslt")})
-    echo(f"[record] complete {'split-K' if stem == 'splitk' else 'rowwise-bias'} record: {st['pairs_done']}/{st['pairs_total']} (M, N) pairs; table {sizes}")
+    what = "split-K" if stem == "splitk" else "rowwise-bias"
+    echo(f"[record] complete {what} record: {st['pairs_done']}/{st['pairs_total']} (M, N) pairs; table {sizes}")
     return complete_file
 
 
