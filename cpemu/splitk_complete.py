@@ -200,6 +200,11 @@ class _Table:
         p = int(np.searchsorted(self.pairs, k))
         return p if p < len(self.pairs) and self.pairs[p] == k else None
 
+    def holds(self, M: int, N: int, K: int) -> bool:
+        """Whether the table holds (M, N, K): the pair recorded and K a point of its grid."""
+        i, r = divmod(K - self.meta["k0"], self.meta["k_step"])
+        return not r and 0 <= i < self.meta["nk"] and self.pair_index(M, N) is not None
+
     def config(self, M: int, N: int, K: int, key: str):
         """The configuration row for the call, ``"x"`` (no algorithm) or None (not recorded)."""
         m = self.meta

@@ -179,6 +179,17 @@ def test_complete_table_holds_every_pair_of_its_plan():
     assert table.meta["nk"] == len(se.k_grid(se.default_plan())) == 3776
 
 
+def test_holds_is_a_recorded_pair_at_a_point_of_the_grid():
+    """_Table.holds: a pair of the table, at the first and last K of the grid and between; not at a K off the
+    grid's step or outside it, nor for a pair the table does not hold (N not a multiple of 16)."""
+    table = load_complete(PARAMS["complete_file"])
+    k0, step, nk = table.meta["k0"], table.meta["k_step"], table.meta["nk"]
+    M, N = divmod(int(table.pairs[len(table.pairs) // 2]), 1 << 20)
+    assert all(table.holds(M, N, K) for K in (k0, k0 + step, k0 + step * (nk - 1)))
+    assert not any(table.holds(M, N, K) for K in (k0 + step // 2, k0 - step, k0 + step * nk))
+    assert not table.holds(M, N + 8, k0) and table.holds(M, N, k0) == (table.pair_index(M, N) is not None)
+
+
 def test_repeated_pairs_give_the_table_answers(record, repeat):
     """Pairs the table holds from runs whose part files were not kept, asked again on the H200 (from the
     table of 50,402 pairs, so the same pairs in the same order): every answer is the table's."""
