@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formats import FP8Format
+from .formats import FP8_FORMATS, FP8Format
 from .instruction import InstructionModel
 from .reference import Operand, _specials
 
-__all__ = ["MAX_F", "lambda_min", "code_tables", "count_threshold", "step"]
+__all__ = ["MAX_F", "lambda_min", "code_tables", "count_threshold", "step", "pass1_sums", "emax_read", "emax_bits"]
 
 #: the largest F whose step sum the biased accumulator's binade holds (kernels.RZACC_MAX_F)
 MAX_F = 14
@@ -78,6 +78,58 @@ def _c_exp(c: np.ndarray) -> np.ndarray:
     return np.maximum((bits >> 23) & 0xFF, 1) - 127
 
 
+def _bf16_rn(x: np.ndarray) -> np.ndarray:
+    """Nonnegative float64 values to the nearest bf16 (7 fraction bits, ties to even), as float64."""
+    u = x.astype(np.float64).view(np.uint64)
+    u = (u + np.uint64((1 << 44) - 1) + ((u >> np.uint64(45)) & np.uint64(1))) >> np.uint64(45) << np.uint64(45)
+    return u.view(np.float64)
+
+
+def pass1_sums(a_codes: np.ndarray, b_codes: np.ndarray, lean: bool = False) -> np.ndarray:
+    """``cpt_emax_bf16``'s sums (e4m3 x e4m3): for each output, lane h (0: the low half) sums the
+    terms ``2**(8 (e_a - 1) + d) * 2**(8 (e_b - 1))`` of the products k = h, h + 2, ... in k order,
+    each ``fma.rn.bf16x2`` rounded to bf16 (d = 1 under ``CPT_LEAN``, which doubles A's terms, else
+    0; a zero code's term is 0). Returns the (Mb, Nb) uint32 words of the two lanes."""
+    sign, m, e, nan, inf = FP8_FORMATS["e4m3"].tables()
+    e = e.astype(np.int64)
+    ta = np.where(m != 0, np.exp2((8 * (e - 1) + int(lean)).astype(np.float64)), 0.0)[a_codes]
+    tb = np.where(m != 0, np.exp2((8 * (e - 1)).astype(np.float64)), 0.0)[b_codes]
+    lanes = np.zeros((2, a_codes.shape[0], b_codes.shape[0]))
+    for k in range(a_codes.shape[1]):
+        h = k % 2
+        t = ta[:, None, k] * tb[None, :, k]  # a power of two (or 0), exact
+        # the float64 sum is exact, or t is below 2**-53 of the lane and far from a bf16 tie
+        lanes[h] = _bf16_rn(lanes[h] + t)
+        assert (lanes[h] < 2.0 ** 127).all() and ((lanes[h] == 0) | (lanes[h] >= 2.0 ** -126)).all(), "normal bf16"
+    bits = [l.astype(np.float32).view(np.uint32).astype(np.uint64) >> 16 for l in lanes]
+    return (bits[0] | (bits[1] << 16)).astype(np.uint32)
+
+
+def emax_read(X: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The shipped reading (``cpt_emax_bf16_read``): e_max of each output from its sums X and c."""
+    X = X.astype(np.int64)
+    mx = np.maximum(X & 0xFFFF, X >> 16)
+    e = np.where(mx != 0, (((mx >> 7) + 1) >> 3) - 14, -256)
+    return np.maximum(_c_exp(c), e)
+
+
+def emax_bits(X: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``CPT_LEAN``'s reading (``cpt_emax_bf16_bits``, sums of :func:`pass1_sums` with ``lean``): the
+    FP32 bits of the larger of |c| and the products' 2**E_max, whose exponent field is e_max + 127
+    (0 bits only where c and every product are zero)."""
+    X = X.astype(np.uint32)
+    sw = ((X >> 16) | (X << 16)).astype(np.uint32)
+    W = np.maximum(X, sw)
+    y = ((W.astype(np.int64) - (1 << 27)) >> 3) & 0xFFFFFFFF  # arithmetic shift, as 32-bit bits
+    p = ((y & 0x9F800000) + (115 << 23)) & 0xFFFFFFFF
+    nz = W != 0
+    assert (W[nz] >= 1 << 27).all(), "a nonzero sum's larger lane has a biased exponent >= 16"
+    assert ((p[~nz] >> 31) == 1).all(), "every product zero: p is negative"
+    assert (p[nz] == ((W[nz].astype(np.int64) >> 26) + 113) << 23).all(), "p is 2**E_max, E_max = (W >> 26) - 14"
+    pf = p.astype(np.uint32).view(np.float32)
+    return np.fmax(np.abs(c.astype(np.float32)), pf).view(np.uint32)
+
+
 def step(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: FP8Format, fb: FP8Format,
          model: InstructionModel, parts: int = 1) -> np.ndarray:
     """One step: ``c`` (Mb, Nb) float32, ``a_codes`` (Mb, Lk), ``b_codes`` (Nb, Lk) uint8,
@@ -98,6 +150,9 @@ def step(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: FP8Format,
     # the kernel truncates c as RZ(c + Cs) - Cs, Cs = +-2**(g + 23) of c's sign: exact (one binade, ulp 2**g)
     # because |c| < 2**(e_max + 1) <= 2**(g + 23)
     assert (np.abs(c_ok.astype(np.float64)) < np.exp2((g + 23).astype(np.float64))).all(), "c's truncation is exact"
+    # CPT_LEAN truncates c as RZ(Cs * 2**(23 - F) + c) - Cs * 2**(23 - F) with Cs = +-1.5 * 2**e_max of c's
+    # sign: 1.5 * 2**(g + 23) + |c| stays below 2**(g + 24)
+    assert (np.abs(c_ok.astype(np.float64)) < np.exp2((g + 22).astype(np.float64))).all(), "CPT_LEAN's c frame"
     X0 = base + np.trunc(c_ok.astype(np.float64) / unit).astype(np.int64)
     assert ((X0 >= 1 << 23) & (X0 < 1 << 24)).all(), "X + trunc(c) in the binade"
     Xs = [X0] + [np.full_like(X0, base) for _ in range(parts - 1)]  # part t's accumulator

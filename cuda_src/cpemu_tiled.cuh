@@ -113,6 +113,11 @@ static_assert(!CPT_EPROD || (!CPT_STAGE_PASS1 && CPT_PREDECODE && !(CPT_PROBE_SK
 static_assert(!CPT_PIPE2 || (CPT_PREDECODE && CPT_STAGE_PASS1 && !CPT_PASS1_MMA && !CPT_EPROD && !CPT_PROBE_SKIP &&
                              !CPT_PROBE_MMA && !CPT_FIXED_L),
               "CPT_PIPE2: gemm_rzacc_pre's exact build, pass 1 in the GEMM kernel on CUDA cores (no probe, no CPT_FIXED_L)");
+#ifndef CPT_LEAN
+#define CPT_LEAN 0  // 1 (measurement builds of cuda-rzacc): e_max carried as the FP32 bits of 2**e_max (cpt_emax_bits)
+#endif
+static_assert(!CPT_LEAN || (CPT_RZACC && !CPT_PIPE2 && !CPT_EPROD && !CPT_PASS1_MMA && !CPT_PROBE_SKIP),
+              "CPT_LEAN: cuda-rzacc's exact build, pass 1 on CUDA cores");
 #ifndef CPT_KPARTS
 #define CPT_KPARTS 1  // threads per output (cuda-rzacc): a step's products split over them (small M)
 #endif
@@ -122,6 +127,7 @@ static_assert(!CPT_PIPE2 || (CPT_PREDECODE && CPT_STAGE_PASS1 && !CPT_PASS1_MMA 
 // meet by warp shuffles: e_max by max, the step's sum as exact FP32 adds of X_t - B
 // (cpemu.rzacc_twin.step(parts=...) asserts why they are exact). Part 0 folds and writes.
 static_assert(CPT_RZACC && (CPT_KPARTS == 2 || CPT_KPARTS == 4), "CPT_KPARTS: 2 or 4, cuda-rzacc only");
+static_assert(!CPT_LEAN, "CPT_LEAN: one thread per output");
 #define CPT_PART ((int)(threadIdx.x % CPT_KPARTS))
 #endif
 // A step's loop over its K groups of `step` elements: this part's groups (CPT_KPARTS > 1), or
@@ -247,7 +253,8 @@ __device__ __forceinline__ void cpt_build_luts(CptShared& sh, int a_fmt, int b_f
         } else {
             v = op ? (cpt_u32)m : ((cpt_u32)m << S0);
         }
-        const cpt_u32 x = m == 0 || fmt ? 0u : (cpt_u32)(8 * (e - 1) + 127) << 7;  // e in [-6, 8]
+        // e in [-6, 8]; CPT_LEAN doubles A's term, so that the sum's exponent field / 8 is E_max + 14
+        const cpt_u32 x = m == 0 || fmt ? 0u : (cpt_u32)(8 * (e - 1) + 127 + (CPT_LEAN && op == 0)) << 7;
         sh.lut[op][code] = make_uint2(v, x | ((cpt_u32)(m == 0 ? CPT_SENT : e) << 16));
     }
 }
@@ -754,6 +761,9 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
 #endif
         } else {
             cpt_emax(st, ty, tx, kofs, klen, acc, em);
+#if CPT_LEAN
+            cpt_emax_to_bits(em);
+#endif
         }
 #endif
 #endif  // CPT_EPROD

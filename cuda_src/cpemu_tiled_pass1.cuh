@@ -140,6 +140,25 @@ __device__ __forceinline__ int cpt_emax_bf16_read(cpt_u32 X, float c) {
     return max(cpt_c_exp(c), e);
 }
 
+#if CPT_LEAN
+// CPT_LEAN: e_max of one output as the FP32 bits of a power of two whose exponent is e_max (the
+// reading of cpt_emax_bf16_read, without leaving the bit patterns). CPT_LEAN's A terms are doubled
+// (cpt_build_luts), so a lane's X lies in [2**(8 (E_max - 2) + 1), 2**(8 (E_max - 2) + 5.1)) and its
+// biased exponent be in [8 E_max + 112, 8 E_max + 116]: be >> 3 = E_max + 14. W's top half is the
+// larger lane, so W >> 26 = be >> 3 >= 2 (E_max >= -12), and the products' 2**E_max has the exponent
+// field (W >> 26) + 113. Without a select: y = (W - 2**27) >> 3 (arithmetic) is ((W >> 26) - 2) * 2**23
+// plus bits below 2**23 for W >= 2**27, and -2**24 for W = 0 (every product zero); masking keeps the
+// field and the sign, so p = (y & 0x9F800000) + 115 * 2**23 is that power of two, or a negative number
+// when every product is zero. The larger of |c| and p (fmaxf: a NaN c leaves p; its output is decided
+// by cpt_specials) has e_max in its exponent field, and is +0 only when c and every product are zero
+// (then the step's result is +0 whatever the grid). cpemu.rzacc_twin.emax_bits is this in numpy.
+__device__ __forceinline__ cpt_u32 cpt_emax_bf16_bits(cpt_u32 X, float c) {
+    const cpt_u32 W = max(X, __byte_perm(X, 0u, 0x1032u));
+    const cpt_u32 p = ((cpt_u32)((int)(W - 0x8000000u) >> 3) & 0x9F800000u) + (115u << 23);
+    return __float_as_uint(fmaxf(fabsf(c), __uint_as_float(p)));
+}
+#endif
+
 // KL > 0: klen == KL, known at compile time (the loop unrolled in full; CPT_FIXED_L)
 template <int KL>
 __device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx, int kofs, int klen_,
@@ -156,7 +175,12 @@ __device__ __forceinline__ void cpt_emax_bf16(const CptStage& sh, int ty, int tx
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
-        for (int j = 0; j < CPT_TN; ++j) em[i][j] = cpt_emax_bf16_read(X[i][j], acc[i][j]);
+        for (int j = 0; j < CPT_TN; ++j)
+#if CPT_LEAN
+            em[i][j] = (int)cpt_emax_bf16_bits(X[i][j], acc[i][j]);
+#else
+            em[i][j] = cpt_emax_bf16_read(X[i][j], acc[i][j]);
+#endif
 #if CPT_KPARTS > 1
     cpt_parts_max(em);
 #endif
@@ -256,3 +280,13 @@ __device__ __forceinline__ void cpt_emax(const CptStage& sh, int ty, int tx, int
 #endif
 }
 #endif  // CPT_STAGE_PASS1
+
+#if CPT_LEAN
+// cpt_emax's exponents (at least -126; 128 for a non-finite c) as CPT_LEAN's bits of 2**e_max
+__device__ __forceinline__ void cpt_emax_to_bits(int (&em)[CPT_TM][CPT_TN]) {
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) em[i][j] = (int)((cpt_u32)min(em[i][j] + 127, 255) << 23);
+}
+#endif

@@ -47,6 +47,56 @@ __device__ __forceinline__ void cpt_load_vs(const CptTile<R>& t, int kk, int r0,
 // The pieces of cpt_sum_rzacc (below) around its loop: the biased accumulators, the threshold bytes and
 // the counts of the thread's outputs before the step's products (cpt_rzacc_begin), and the step's
 // results (cpt_rzacc_end). CPT_PIPE2 runs them around a loop of its own (cpt_rzacc_group).
+#if CPT_LEAN
+// CPT_LEAN's form of the two (a measurement build; the same bits): em holds the FP32 bits of 2**e_max
+// (cpt_emax_bf16_bits). With Blo = 1.5 * 2**e_max (its exponent field, a mantissa of one half) and
+// sc = 2**(23 - F), B = Blo * sc exactly. c is truncated in the frame of its own sign: T = RZ(Cs * sc
+// + c) with Cs = Blo of c's sign lies in B's binade (|c| < 2**(g + F + 1) <= 2**(g + 22)), so it is
+// sign(c) * (B + floor(|c| / 2**g) * 2**g), and T - Cs * sc = trunc(c) and B + trunc(c) are exact.
+// begin leaves Blo in em for end, whose X - B is one exact FMA.
+__device__ __forceinline__ float cpt_lean_scale(int F) { return __uint_as_float((cpt_u32)(150 - F) << 23); }
+
+// (a & b) | c in one LOP3 (ptxas splits it into two where b and c are both immediates)
+__device__ __forceinline__ cpt_u32 cpt_and_or(cpt_u32 a, cpt_u32 b, cpt_u32 c) {
+    cpt_u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ void cpt_rzacc_begin(const float (&acc)[CPT_TM][CPT_TN], int (&em)[CPT_TM][CPT_TN],
+                                                int F, int lmin, float (&X)[CPT_TM][CPT_TN],
+                                                cpt_u32 (&T4)[CPT_TM][CPT_TN], cpt_u32 (&cnt)[CPT_TM][CPT_TN]) {
+    const float sc = cpt_lean_scale(F);
+    // F >> 8 is 0: the OR keeps both masks in registers, so that cpt_and_or is one LOP3
+    const cpt_u32 emask = 0x7F800000u | (cpt_u32)(F >> 8), half = 0x400000u | (cpt_u32)(F >> 8);
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            const cpt_u32 Mb = (cpt_u32)em[i][j];
+            const cpt_u32 Bb = cpt_and_or(Mb, emask, half);  // Blo = 1.5 * 2**e_max
+            const float Cs = __uint_as_float(Bb | (__float_as_uint(acc[i][j]) & 0x80000000u));
+            const float ct = cpemu_fma_rn(Cs, -sc, cpemu_fma_rz(Cs, sc, acc[i][j]));  // trunc(c), exact
+            X[i][j] = cpemu_fma_rn(__uint_as_float(Bb), sc, ct);                      // B + trunc(c), exact
+            T4[i][j] = (cpt_u32)(min(max((int)(Mb >> 23) - 127 - F - 1 - lmin, -1), 62) + 2) * 0x01010101u;
+            cnt[i][j] = 0u;
+            em[i][j] = (int)Bb;
+        }
+}
+
+__device__ __forceinline__ void cpt_rzacc_end(const float (&X)[CPT_TM][CPT_TN], const cpt_u32 (&cnt)[CPT_TM][CPT_TN],
+                                              const int (&em)[CPT_TM][CPT_TN], int F, cpt_u32 rmask,
+                                              float (&out)[CPT_TM][CPT_TN]) {
+    const float sc = cpt_lean_scale(F);
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) {
+            const float Xc = __uint_as_float(__float_as_uint(X[i][j]) + (cnt[i][j] >> 7));
+            out[i][j] = __uint_as_float(__float_as_uint(cpemu_fma_rn(__uint_as_float((cpt_u32)em[i][j]), -sc, Xc)) & rmask);
+        }
+}
+#else
 __device__ __forceinline__ void cpt_rzacc_begin(const float (&acc)[CPT_TM][CPT_TN], const int (&em)[CPT_TM][CPT_TN],
                                                 int F, int lmin, float (&X)[CPT_TM][CPT_TN],
                                                 cpt_u32 (&T4)[CPT_TM][CPT_TN], cpt_u32 (&cnt)[CPT_TM][CPT_TN]) {
@@ -88,6 +138,7 @@ __device__ __forceinline__ void cpt_rzacc_end(const float (&X)[CPT_TM][CPT_TN], 
 #endif
         }
 }
+#endif  // CPT_LEAN
 
 // The products of the 4 K elements K4 .. K4 + 3 of the stage's chunk for the thread's outputs: 4 FMA.RZ
 // per output into X, and the count of products to move up by one unit into cnt (T4 holds T in every
@@ -140,10 +191,19 @@ __device__ __forceinline__ void cpt_sum_rzacc(const CptStage& sh, int ty, int tx
     float X[CPT_TM][CPT_TN];     // the biased accumulator
     cpt_u32 T4[CPT_TM][CPT_TN];  // T in every byte
     cpt_u32 cnt[CPT_TM][CPT_TN]; // 128 * the products to move up by one unit
-    cpt_rzacc_begin(acc, em, F, lmin, X, T4, cnt);
+#if CPT_LEAN
+    int Bb[CPT_TM][CPT_TN];  // e_max's bits, then Blo's (cpt_rzacc_begin)
+#pragma unroll
+    for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < CPT_TN; ++j) Bb[i][j] = em[i][j];
+#else
+    const int (&Bb)[CPT_TM][CPT_TN] = em;
+#endif
+    cpt_rzacc_begin(acc, Bb, F, lmin, X, T4, cnt);
     CPT_STEP_LOOP(kk, klen, 4, CPT_UNROLL(KL > 0 ? KL / 4 : CPT_SUM_UNROLL))  // words of 4 codes; klen is a multiple of 8
         CPT_RZACC_GROUP(kofs + kk)
-    cpt_rzacc_end(X, cnt, em, F, rmask, out);
+    cpt_rzacc_end(X, cnt, Bb, F, rmask, out);
 }
 #else
 // Pass 2, fast path (F <= 16): out[i][j] = the step's result before NaN/Inf handling (see

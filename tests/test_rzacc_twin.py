@@ -232,3 +232,57 @@ def test_pass1_mma_reading_is_exact_under_any_alignment():
                 assert top <= x < top * 2.0 ** 5.1 and reading(x) == want, (n, list(ea), list(eb), x)
             seen += 1
     assert seen == 1500 and reading(0.0) is None
+
+
+def _e4m3_steps(rng, n, L):
+    """n steps of e4m3 codes (8 x L and 6 x L) with zeros, subnormals, all-zero rows and columns, NaN-free."""
+    for t in range(n):
+        kind = ("gauss", "spread", "tiny")[t % 3]
+        a = _finite(_codes(rng, (8, L), kind), "e4m3")
+        b = _finite(_codes(rng, (6, L), kind), "e4m3")
+        a[rng.random((8, L)) < 0.2] = 0
+        if t % 4 == 0:
+            a[t % 8] = 0  # a row whose products are all zero
+        sub = rng.random((6, L)) < 0.1
+        b[sub] = rng.integers(1, 8, sub.sum()) | (rng.integers(0, 2, sub.sum()) << 7)  # subnormals of both signs
+        c = (rng.standard_normal((8, 6)) * np.exp2(rng.integers(-30, 30, (8, 6)))).astype(np.float32)
+        c[rng.random((8, 6)) < 0.3] = 0.0
+        yield a, b, c
+
+
+@pytest.mark.parametrize("L", [16, 32])
+def test_lean_reading_is_e_max(L):
+    """CPT_LEAN's reading (cpt_emax_bf16_bits): from the bf16 pass-1 sums with A's terms doubled, the FP32 bits
+    of the larger of |c| and 2**E_max have the exponent field e_max + 127, e_max as the reference finds it
+    (the largest exponent sum of the nonzero products, and c's exponent where c is nonzero), and are 0 where c
+    and every product are zero. The shipped reading of the undoubled sums gives the same e_max."""
+    rng = np.random.default_rng(11)
+    seen_zero = 0
+    for a, b, c in _e4m3_steps(rng, 60, L):
+        A, B = ref.Operand(a, FP8_FORMATS["e4m3"]), ref.Operand(b, FP8_FORMATS["e4m3"])
+        nz = (A.m[:, None, :] != 0) & (B.m[None, :, :] != 0)
+        E = np.where(nz, A.e_nz[:, None, :].astype(np.int64) + B.e_nz[None, :, :], -10_000).max(axis=-1)
+        ce = np.where(c != 0, (c.view(np.uint32).astype(np.int64) >> 23 & 0xFF) - 127, -10_000)
+        want = np.maximum(E, ce)
+        got = tw.emax_bits(tw.pass1_sums(a, b, lean=True), c).astype(np.int64)
+        zero = want == -10_000
+        assert (got[zero] == 0).all() and ((got[~zero] >> 23) - 127 == want[~zero]).all()
+        shipped = tw.emax_read(tw.pass1_sums(a, b, lean=False), c)
+        assert (shipped[~zero] == want[~zero]).all()
+        seen_zero += zero.sum()
+    assert seen_zero > 0
+
+
+def test_lean_reading_needs_the_doubled_terms():
+    """The lean reading of the shipped (undoubled) sums misses e_max: the doubling is what makes the
+    exponent field / 8 exact (a test of the test)."""
+    rng = np.random.default_rng(12)
+    wrong = 0
+    for a, b, c in _e4m3_steps(rng, 30, 32):
+        c = np.zeros_like(c)
+        A, B = ref.Operand(a, FP8_FORMATS["e4m3"]), ref.Operand(b, FP8_FORMATS["e4m3"])
+        nz = (A.m[:, None, :] != 0) & (B.m[None, :, :] != 0)
+        E = np.where(nz, A.e_nz[:, None, :].astype(np.int64) + B.e_nz[None, :, :], -10_000).max(axis=-1)
+        got = tw.emax_bits(tw.pass1_sums(a, b, lean=False), c).astype(np.int64)
+        wrong += ((got >> 23) - 127 != E)[E > -10_000].sum()
+    assert wrong > 0

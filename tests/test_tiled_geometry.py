@@ -66,8 +66,8 @@ def test_kparts_builds_compile():
     gemm_rzacc_pre with pass 1 on tensor cores (CPT_PASS1_MMA) and the stage without pass 1's operand
     (CPT_STAGE_PASS1=0, a ceiling measurement), pass 1 in a tensor-core kernel of its own (CPT_EPROD=1),
     the count without its sign mask (CPT_PROBE_SKIP=4, a ceiling measurement) and the two-step pipeline
-    (CPT_PIPE2=1: the next step's pass 1 inside this step's pass 2, three stages),
-    build for every architecture with
+    (CPT_PIPE2=1: the next step's pass 1 inside this step's pass 2, three stages) and the leaner per-step
+    constants (CPT_LEAN=1, every cuda-rzacc module), build for every architecture with
     the pinned NVRTC (their bits are checked on a GPU: CPEMU_TEST_RZACC_DEFINES); the default
     fatbins do not contain them (build_fatbin --check)."""
     import importlib.util
@@ -83,7 +83,9 @@ def test_kparts_builds_compile():
                          ("gemm_rzacc_pre", "CPT_PROBE_SKIP 1\n#define CPT_STAGE_PASS1 0\n#define CPT_MINBLOCKS 4"),
                          ("gemm_rzacc_pre", "CPT_EPROD 1\n#define CPT_STAGE_PASS1 0\n#define CPT_MINBLOCKS 4"),
                          ("gemm_rzacc_pre", "CPT_PROBE_SKIP 4"),
-                         ("gemm_rzacc_pre", "CPT_PIPE2 1\n#define CPT_MINBLOCKS 2")):
+                         ("gemm_rzacc_pre", "CPT_PIPE2 1\n#define CPT_MINBLOCKS 2"),
+                         ("gemm_rzacc_pre", "CPT_LEAN 1"), ("gemm_rzacc", "CPT_LEAN 1"),
+                         ("gemm_rzacc_small_m", "CPT_LEAN 1")):
         cu = SRC / f"{module}.cu"
         sources = bf.module_sources(SRC, cu)
         headers = {k: v for k, v in sources.items() if k != cu.name}

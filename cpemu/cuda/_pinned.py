@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "932bef2ebe2fc3171e45687653ef4373c006127f4568b516a610a153c317ef8e"
+MANIFEST_SHA256 = "83271a50c051ae033f40a397b289141e4ff05a941ddd7419f491842c285f6ac2"
