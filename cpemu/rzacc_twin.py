@@ -38,7 +38,8 @@ from .formats import FP8_FORMATS, FP8Format
 from .instruction import InstructionModel
 from .reference import Operand, _specials
 
-__all__ = ["MAX_F", "lambda_min", "code_tables", "count_threshold", "step", "pass1_sums", "emax_read", "emax_bits"]
+__all__ = ["MAX_F", "lambda_min", "code_tables", "count_threshold", "step", "round_result", "pass1_sums", "emax_read",
+           "emax_bits"]
 
 #: the largest F whose step sum the biased accumulator's binade holds (kernels.RZACC_MAX_F)
 MAX_F = 14
@@ -76,6 +77,12 @@ def _c_exp(c: np.ndarray) -> np.ndarray:
     """The kernel's exponent of c: the exponent field (at least 1) minus 127."""
     bits = c.view(np.uint32).astype(np.int64)
     return np.maximum((bits >> 23) & 0xFF, 1) - 127
+
+
+def round_result(x: np.ndarray, model: InstructionModel) -> np.ndarray:
+    """A step's result rounded toward zero to the model's R fraction bits (clearing the low bits)."""
+    bits = x.astype(np.float32).view(np.uint32) & np.uint32((0xFFFFFFFF << (23 - model.result_fraction_bits)) & 0xFFFFFFFF)
+    return bits.view(np.float32) + np.float32(0.0)
 
 
 def _bf16_rn(x: np.ndarray) -> np.ndarray:
@@ -131,10 +138,12 @@ def emax_bits(X: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def step(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: FP8Format, fb: FP8Format,
-         model: InstructionModel, parts: int = 1) -> np.ndarray:
+         model: InstructionModel, parts: int = 1, rounded: bool = True) -> np.ndarray:
     """One step: ``c`` (Mb, Nb) float32, ``a_codes`` (Mb, Lk), ``b_codes`` (Nb, Lk) uint8,
     ``Lk <= model.L``. Returns the (Mb, Nb) float32 result, bit for bit ``reference.tfdpa``'s.
-    ``parts``: the products split over that many accumulators (module docstring)."""
+    ``parts``: the products split over that many accumulators (module docstring). ``rounded=False``:
+    the result before its rounding to R fraction bits (``CPT_LEAN`` rounds at a chain's end only; then
+    ``c`` may be such an unrounded result)."""
     F, R = model.F, model.result_fraction_bits
     assert F <= MAX_F and model.L <= 32, "the binade holds the step's sum for F <= 14, L <= 32"
     va, na, sa, la, nza = (t[a_codes] for t in code_tables(fa))
@@ -180,8 +189,9 @@ def step(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: FP8Format,
         S = S + (X - base)
     assert (np.abs(S) < 1 << 22).all(), "the parts' FP32 sum is exact (any order)"
     out = (S.astype(np.float64) * unit).astype(np.float32)  # exact: |S| < 2**22
-    bits = out.view(np.uint32) & np.uint32((0xFFFFFFFF << (23 - R)) & 0xFFFFFFFF)
-    out = bits.view(np.float32) + np.float32(0.0)
+    if rounded:
+        bits = out.view(np.uint32) & np.uint32((0xFFFFFFFF << (23 - R)) & 0xFFFFFFFF)
+        out = bits.view(np.float32) + np.float32(0.0)
     if A.has_special or Bop.has_special or not finite.all():
         out = _specials(out, c, A, Bop)
     return out

@@ -778,6 +778,17 @@ __device__ __forceinline__ void cpt_gemm_tiled_body(CPT_KERNEL_PARAMS) {
             cpt_sum_rzacc<0>(st, ty, tx, kofs, klen, acc, em, F, cpt_lambda_min(a_fmt) + cpt_lambda_min(b_fmt), rmask,
                              acc);
         }
+#if CPT_LEAN
+        // the step's rounding to R fraction bits, deferred to the chain's end: a chain's next step truncates
+        // c at its e_max - F >= e_c - R, which gives the same bits with or without it (cpemu.rzacc_twin.step,
+        // rounded=False), and the rounding keeps c's exponent and its NaN / Inf checks
+        if (ke == cend) {
+#pragma unroll
+            for (int i = 0; i < CPT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT_TN; ++j) acc[i][j] = __uint_as_float(__float_as_uint(acc[i][j]) & rmask);
+        }
+#endif
 #else
         if (fast) {
             cpt_sum_fast(st, ty, tx, klen, acc, em, F, rmask, acc);

@@ -53,7 +53,8 @@ __device__ __forceinline__ void cpt_load_vs(const CptTile<R>& t, int kk, int r0,
 // sc = 2**(23 - F), B = Blo * sc exactly. c is truncated in the frame of its own sign: T = RZ(Cs * sc
 // + c) with Cs = Blo of c's sign lies in B's binade (|c| < 2**(g + F + 1) <= 2**(g + 22)), so it is
 // sign(c) * (B + floor(|c| / 2**g) * 2**g), and T - Cs * sc = trunc(c) and B + trunc(c) are exact.
-// begin leaves Blo in em for end, whose X - B is one exact FMA.
+// begin leaves Blo in em for end, whose X - B is one exact FMA; its rounding to R fraction bits waits
+// for the chain's end (the kernel body).
 __device__ __forceinline__ float cpt_lean_scale(int F) { return __uint_as_float((cpt_u32)(150 - F) << 23); }
 
 // (a & b) | c in one LOP3 (ptxas splits it into two where b and c are both immediates)
@@ -88,12 +89,13 @@ __device__ __forceinline__ void cpt_rzacc_end(const float (&X)[CPT_TM][CPT_TN], 
                                               const int (&em)[CPT_TM][CPT_TN], int F, cpt_u32 rmask,
                                               float (&out)[CPT_TM][CPT_TN]) {
     const float sc = cpt_lean_scale(F);
+    (void)rmask;
 #pragma unroll
     for (int i = 0; i < CPT_TM; ++i)
 #pragma unroll
         for (int j = 0; j < CPT_TN; ++j) {
             const float Xc = __uint_as_float(__float_as_uint(X[i][j]) + (cnt[i][j] >> 7));
-            out[i][j] = __uint_as_float(__float_as_uint(cpemu_fma_rn(__uint_as_float((cpt_u32)em[i][j]), -sc, Xc)) & rmask);
+            out[i][j] = cpemu_fma_rn(__uint_as_float((cpt_u32)em[i][j]), -sc, Xc);  // rounded at the chain's end
         }
 }
 #else

@@ -286,3 +286,26 @@ def test_lean_reading_needs_the_doubled_terms():
         got = tw.emax_bits(tw.pass1_sums(a, b, lean=False), c).astype(np.int64)
         wrong += ((got >> 23) - 127 != E)[E > -10_000].sum()
     assert wrong > 0
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("fa,fb", PAIRS)
+@pytest.mark.parametrize("kind", ["gauss", "spread", "tiny"])
+def test_chain_rounded_at_its_end_only(model, fa, fb, kind):
+    """CPT_LEAN's deferred rounding: a chain of steps whose results stay unrounded until its end, then
+    rounded once, equals the reference's chain (each step rounded) bit for bit, and the unrounded chain
+    really differs from the rounded one in between (the test can fail)."""
+    m = MODELS[model]
+    rng = np.random.default_rng(hash(("chain", model, fa, fb, kind)) % 2**32)
+    differ = 0
+    for trial in range(3):
+        c_ref = np.zeros((8, 6), np.float32)
+        c_tw = c_ref.copy()
+        for s in range(12):
+            a = _finite(_codes(rng, (8, m.L), kind), fa)
+            b = _finite(_codes(rng, (6, m.L), kind), fb)
+            c_ref = ref.tfdpa(c_ref, ref.decode(a, FP8_FORMATS[fa]), ref.decode(b, FP8_FORMATS[fb]), m)
+            c_tw = tw.step(c_tw, a, b, FP8_FORMATS[fa], FP8_FORMATS[fb], m, rounded=False)
+            differ += int((_bits(c_tw) != _bits(c_ref)).sum())
+        _assert_same(tw.round_result(c_tw, m), c_ref, f"{model} {fa}x{fb} {kind} chain {trial}")
+    assert differ > 0 or kind == "tiny"

@@ -5,4 +5,4 @@ cpemu.cuda.loader refuses a manifest whose sha256 differs, and the manifest pins
 sha256 of every fatbin.
 """
 
-MANIFEST_SHA256 = "83271a50c051ae033f40a397b289141e4ff05a941ddd7419f491842c285f6ac2"
+MANIFEST_SHA256 = "9293ea76a31eb20622cb2d7a637086c43472cde02641c3b14be0b280c9b874fd"
