@@ -190,8 +190,7 @@ def step(c: np.ndarray, a_codes: np.ndarray, b_codes: np.ndarray, fa: FP8Format,
     assert (np.abs(S) < 1 << 22).all(), "the parts' FP32 sum is exact (any order)"
     out = (S.astype(np.float64) * unit).astype(np.float32)  # exact: |S| < 2**22
     if rounded:
-        bits = out.view(np.uint32) & np.uint32((0xFFFFFFFF << (23 - R)) & 0xFFFFFFFF)
-        out = bits.view(np.float32) + np.float32(0.0)
+        out = round_result(out, model)
     if A.has_special or Bop.has_special or not finite.all():
         out = _specials(out, c, A, Bop)
     return out
