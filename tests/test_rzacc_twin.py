@@ -3,6 +3,7 @@ claims asserted on every product: exhaustively over code pairs and grids, on ran
 adversarial steps, and over whole GEMMs through the reference's schedule."""
 
 import itertools
+import zlib
 
 import numpy as np
 import pytest
@@ -15,6 +16,12 @@ from cpemu.schedule import Plan, slices_for
 
 PAIRS = list(itertools.product(("e4m3", "e5m2"), repeat=2))
 MODELS = {"ada": ADA_SM89, "hopper": HOPPER_SM90A}
+
+
+def _seed(*key) -> int:
+    """A seed fixed by the test's parameters (str hashes change from run to run: a failure must repeat)."""
+    return zlib.crc32(repr(key).encode())
+
 
 
 def _bits(x):
@@ -71,7 +78,7 @@ def _finite(codes, fmt):
 def test_step_equals_reference(model, fa, fb, kind):
     """Random steps (every format pair, data kind and accumulator scale, short steps too)."""
     m = MODELS[model]
-    rng = np.random.default_rng(hash((model, fa, fb, kind)) % 2**32)
+    rng = np.random.default_rng(_seed(model, fa, fb, kind))
     for trial in range(6):
         L = m.L if trial % 3 else 8 * int(rng.integers(1, m.L // 8 + 1))
         a = _finite(_codes(rng, (12, L), kind), fa)
@@ -187,7 +194,7 @@ def test_step_split_over_parts(model, parts, kind):
     """A step's products split over 2 or 4 accumulators (threads sharing one output, for small
     M) give the reference's bits, every claim asserted per part."""
     m = MODELS[model]
-    rng = np.random.default_rng(hash((model, parts, kind)) % 2**32)
+    rng = np.random.default_rng(_seed(model, parts, kind))
     for fa, fb in PAIRS:
         for trial in range(3):
             L = m.L if trial else 8 * int(rng.integers(1, m.L // 8 + 1))
@@ -296,7 +303,7 @@ def test_chain_rounded_at_its_end_only(model, fa, fb, kind):
     rounded once, equals the reference's chain (each step rounded) bit for bit, and the unrounded chain
     really differs from the rounded one in between (the test can fail)."""
     m = MODELS[model]
-    rng = np.random.default_rng(hash(("chain", model, fa, fb, kind)) % 2**32)
+    rng = np.random.default_rng(_seed("chain", model, fa, fb, kind))
     differ = 0
     for trial in range(3):
         c_ref = np.zeros((8, 6), np.float32)
